@@ -1,0 +1,51 @@
+# make demo | make test | make bench | make build
+# Each target creates .venv on first use, installs the pinned dependencies and
+# builds the extension (rebuilt only when csrc/ or setup.py change).
+
+PYTHON_SYS ?= python3
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+PIP        := $(PY) -m pip
+# torch==2.13.0: on a machine without a GPU this resolves to the CPU build that
+# the machine provides; override TORCH_SPEC to pick another build.
+TORCH_SPEC ?= torch==2.13.0
+MAX_JOBS   ?= 2
+SOURCES    := $(shell find csrc -type f) setup.py pyproject.toml
+
+.PHONY: all demo test bench build clean cmake
+
+all: test
+
+$(VENV)/.deps: requirements.txt
+	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -r requirements.txt
+	@$(PY) -c "import torch, shutil; gpu = shutil.which('nvidia-smi'); \
+	  print('torch', torch.__version__, '| CUDA build' if torch.version.cuda else '| CPU build'); \
+	  assert gpu or not torch.version.cuda, 'a CUDA build of torch was installed on a machine without a GPU'"
+	touch $@
+
+$(VENV)/.built: $(VENV)/.deps $(SOURCES)
+	MAX_JOBS=$(MAX_JOBS) $(PIP) install --quiet --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(VENV)/.built
+
+test: build
+	$(PY) -m pytest -q tests
+
+demo: build
+	$(PY) bench/verify_bench.py --quick
+
+bench: build
+	$(PY) bench/verify_bench.py
+
+# The torch-free kernel library, C++ tests and microbenchmarks (CUDA parts when nvcc is found).
+cmake:
+	cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release
+	cmake --build build/cmake -j $(MAX_JOBS)
+	ctest --test-dir build/cmake --output-on-failure
+
+clean:
+	rm -rf build $(VENV) python/flashspark/_C*.so python/*.egg-info

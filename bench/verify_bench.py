@@ -1,0 +1,120 @@
+"""Benchmark of flashspark.verify against the pure-PyTorch reference, side by side.
+
+For each (B, gamma, V, dtype) it builds one ragged batch whose drafts come from a
+q close to the target p (acceptance is mixed, as in real decoding), then times
+the op and the reference on the same inputs in the same run, and reports median
+times and their ratio. Prints a table and writes JSON.
+
+    python bench/verify_bench.py            # full grid
+    python bench/verify_bench.py --quick    # the demo: a few rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import flashspark
+from flashspark.reference import verify_reference
+
+
+def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
+    g = torch.Generator().manual_seed(seed)
+    num_draft = [gamma] * batch
+    cu = torch.arange(batch + 1, dtype=torch.int32) * gamma
+    total = batch * gamma
+    logits = torch.randn(total + batch, vocab, generator=g) * 3.0
+    draft_rows = torch.cat([logits[b * (gamma + 1): b * (gamma + 1) + gamma] for b in range(batch)])
+    q = torch.softmax(closeness * draft_rows + (1 - closeness) * 3.0 * torch.randn(total, vocab, generator=g), -1)
+    tokens = torch.multinomial(q, 1, generator=g).squeeze(-1).to(torch.int32)
+    kw = dict(
+        temperature=torch.ones(batch),
+        seeds=torch.arange(batch, dtype=torch.int64),
+        offsets=torch.zeros(batch, dtype=torch.int64),
+        max_spec_len=max(num_draft),
+        draft_probs=q,
+    )
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    return logits.to(dtype).to(device), tokens.to(device), cu.to(device), kw
+
+
+def median_time(fn, repeats, device):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few representative rows (the demo)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--ref-repeats", type=int, default=2)
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/verify_bench_<device>.json)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+
+    if args.quick:
+        grid = [(1, 8, 32000, torch.float32), (8, 8, 32000, torch.float32), (32, 8, 32000, torch.float32),
+                (32, 8, 32000, torch.bfloat16)]
+    else:
+        grid = [(b, g, v, d) for d in (torch.float32, torch.bfloat16) for v in (4096, 32000, 151936)
+                for g in (4, 8, 16) for b in (1, 8, 32, 64)]
+
+    rows = []
+    header = f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} | {'op ms':>9} {'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
+    print(f"flashspark.verify vs reference on {device} ({torch.get_num_threads()} threads), median of runs")
+    print(header)
+    print("-" * len(header))
+    for batch, gamma, vocab, dtype in grid:
+        logits, tokens, cu, kw = make_batch(batch, gamma, vocab, dtype, device)
+        out, acc = flashspark.verify(logits, tokens, cu, **kw)
+        ref_out, ref_acc = verify_reference(logits, tokens, cu, **kw)
+        agree = bool(torch.equal(out.cpu(), ref_out.cpu()))
+        t_op = median_time(lambda: flashspark.verify(logits, tokens, cu, **kw), args.repeats, device)
+        t_ref = median_time(lambda: verify_reference(logits, tokens, cu, **kw), args.ref_repeats, device)
+        tau = float(acc.float().mean()) + 1.0
+        rows.append(dict(batch=batch, gamma=gamma, vocab=vocab, dtype=str(dtype).replace("torch.", ""),
+                         op_ms=t_op * 1e3, ref_ms=t_ref * 1e3, speedup=t_ref / t_op, tau=tau,
+                         agrees_with_reference=agree))
+        print(f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} | {t_op * 1e3:>9.3f} {t_ref * 1e3:>9.2f} "
+              f"{t_ref / t_op:>6.1f}x | {tau:>5.2f}" + ("" if agree else "  (outputs differ!)"))
+
+    result = dict(
+        benchmark="verify",
+        command=" ".join([os.path.basename(sys.executable), "bench/verify_bench.py"] + (argv or sys.argv[1:])),
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        hardware=dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
+                      cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
+        torch=torch.__version__,
+        device=str(device),
+        rows=rows,
+    )
+    out_path = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                        f"verify_bench_{device.type}{'_quick' if args.quick else ''}.json")
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {os.path.relpath(out_path)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

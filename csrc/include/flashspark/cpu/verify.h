@@ -1,0 +1,88 @@
+// CPU kernel of `verify`: parallel over requests, and over vocabulary chunks
+// when there are fewer requests than threads.
+#pragma once
+
+#include <algorithm>
+
+#include "flashspark/cpu/reduce.h"
+#include "flashspark/verify.h"
+
+namespace flashspark::cpu {
+
+template <class T, class ParallelFor>
+struct VerifyRowBackend {
+  int64_t vocab;
+  const ParallelFor& parallel_for;
+
+  bool leader() const { return true; }
+
+  ArgMax row_argmax(const T* row) const {
+    return chunked_reduce(
+        vocab, argmax_identity(),
+        [&](int64_t lo, int64_t hi) {
+          ArgMax a = argmax_identity();
+          for (int64_t i = lo; i < hi; ++i) argmax_add(a, to_float(row[i]), int32_t(i));
+          return a;
+        },
+        ArgMaxMergeOp{}, parallel_for);
+  }
+
+  SoftmaxState row_softmax(const T* row, float inv_t) const {
+    return chunked_reduce(
+        vocab, softmax_identity(),
+        [&](int64_t lo, int64_t hi) {
+          // Two passes over a cache-resident chunk: max, then the rescaled sum.
+          float m = kNegInf;
+          for (int64_t i = lo; i < hi; ++i) m = std::max(m, to_float(row[i]) * inv_t);
+          if (m == kNegInf) return softmax_identity();
+          float s = 0.f;
+          for (int64_t i = lo; i < hi; ++i) s += expf(to_float(row[i]) * inv_t - m);
+          return SoftmaxState{m, s};
+        },
+        SoftmaxMergeOp{}, parallel_for);
+  }
+
+  RaceResult row_race(const T* row, float inv_t, float lse, const RaceQ& q, uint64_t seed, uint64_t position) const {
+    return chunked_reduce(
+        vocab, race_identity(),
+        [&](int64_t lo, int64_t hi) {
+          RaceResult r = race_identity();
+          for (int64_t i = lo; i < hi; i += 4) {
+            const U32x4 bits = philox_block(seed, position, kPurposeResample, uint32_t(i >> 2));
+            const int64_t n = std::min<int64_t>(4, hi - i);
+            for (int64_t j = 0; j < n; ++j) {
+              const int32_t x = int32_t(i + j);
+              race_add(r, q, x, to_float(row[x]) * inv_t - lse, gumbel_from_u32(lane(bits, uint32_t(j))));
+            }
+          }
+          return r;
+        },
+        RaceMergeOp{}, parallel_for);
+  }
+};
+
+template <class T, class ParallelFor>
+void verify_cpu(const VerifyParams<T>& p, const ParallelFor& parallel_for) {
+  // Requests per task: enough that a task reads at least ~1M logits in the worst case.
+  const int64_t per_request = int64_t(p.vocab) * (p.max_spec_len + 1);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(per_request, 1));
+  parallel_for(0, p.batch, grain, [&](int64_t b0, int64_t b1) {
+    VerifyRowBackend<T, ParallelFor> backend{p.vocab, parallel_for};
+    for (int64_t b = b0; b < b1; ++b) {
+      std::fill_n(p.out_tokens + b * (p.max_spec_len + 1), p.max_spec_len + 1, -1);
+      verify_request(p, int32_t(b), backend);
+    }
+  });
+}
+
+// Host-side validation of the ragged metadata (CPU tensors only).
+template <class T>
+VerifyError verify_check(const VerifyParams<T>& p, int32_t num_tokens) {
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const VerifyError e = verify_check_request(p, b, num_tokens);
+    if (e != VerifyError::kOk) return e;
+  }
+  return VerifyError::kOk;
+}
+
+}  // namespace flashspark::cpu

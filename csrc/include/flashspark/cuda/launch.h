@@ -1,0 +1,15 @@
+// Host-side declarations of the CUDA launchers. Includable from plain C++
+// (the torch binding layer is compiled by the host compiler); the kernels
+// themselves are instantiated in csrc/kernels/*.cu by nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flashspark/verify.h"
+
+namespace flashspark::cuda {
+
+template <class T>
+cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStream_t stream);
+
+}  // namespace flashspark::cuda

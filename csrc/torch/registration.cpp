@@ -1,0 +1,24 @@
+// The one TORCH_LIBRARY of flashspark: every op's schema lives here. The
+// backends register implementations in their own TORCH_LIBRARY_IMPL blocks
+// (ops_cpu.cpp, ops_cuda.cpp).
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// Importing flashspark._C only runs the static registrations below.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(flashspark, m) {
+  m.def(
+      "verify(Tensor target_logits, Tensor draft_tokens, Tensor cu_num_draft, Tensor? draft_probs, "
+      "Tensor? draft_probs_ids, Tensor temperature, Tensor seeds, Tensor offsets, int max_spec_len) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "verify_out(Tensor target_logits, Tensor draft_tokens, Tensor cu_num_draft, Tensor? draft_probs, "
+      "Tensor? draft_probs_ids, Tensor temperature, Tensor seeds, Tensor offsets, int max_spec_len, *, "
+      "Tensor(a!) out_tokens, Tensor(b!) out_num_accepted) -> ()");
+}

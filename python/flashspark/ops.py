@@ -1,0 +1,113 @@
+"""Python wrappers of the ``torch.ops.flashspark`` ops, each with its fake
+(meta) implementation beside it so ``torch.compile`` can trace the op.
+
+Conventions shared by every op:
+  * randomness is Philox4x32-10 keyed by a per-request int64 seed; a per-request
+    int64 ``offsets`` counter says where in that request's stream the call draws
+    (see ``flashspark.reference.philox4x32_10``);
+  * output shapes depend only on sizes and size arguments, never on values, and
+    no op synchronizes with the host, so every op can be captured in a CUDA graph;
+  * invalid arguments raise ``RuntimeError`` naming the argument (on CUDA, bad
+    values inside device tensors trap in the kernel instead, as the host never
+    reads them).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = ["verify", "verify_out"]
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rejection-sampling verification of draft tokens (lossless).
+
+    B requests; request b proposes ``n_b = cu_num_draft[b+1] - cu_num_draft[b]``
+    draft tokens (0 <= n_b <= max_spec_len); T = sum n_b; V = vocabulary size.
+
+    Args:
+      target_logits: ``[T + B, V]`` float32, bfloat16 or float16. Request b owns
+        rows ``cu_num_draft[b] + b ... cu_num_draft[b+1] + b``: the target's
+        logits at each of its draft positions, then its bonus row. Rows may be
+        strided (e.g. a slice of a larger buffer). Softmax with temperature is
+        fused into the kernel; probabilities are never materialized.
+      draft_tokens: ``[T]`` int32/int64, flattened over requests.
+      cu_num_draft: ``[B + 1]`` int32/int64 offsets into ``draft_tokens``.
+      temperature: ``[B]`` float32 per-request target temperature; 0 = greedy.
+      seeds: ``[B]`` int64 per-request Philox seed.
+      offsets: ``[B]`` int64 per-request stream position. Row k of request b
+        draws at position ``offsets[b] + k``; advance it by at least
+        ``max_spec_len + 1`` between calls so no draw is ever reused.
+      max_spec_len: static bound on n_b; fixes the output width.
+      draft_probs: the drafter's q. ``None``: the draft was deterministic (q is
+        one-hot at the draft token). ``[T, V]`` float32: dense q. ``[T, K]``
+        float32 together with ``draft_probs_ids``: sparse q over K candidate ids.
+      draft_probs_ids: ``[T, K]`` int32/int64 candidate ids for sparse q.
+
+    Returns:
+      ``(tokens, num_accepted)``: ``tokens`` is ``[B, max_spec_len + 1]`` int32
+      holding the accepted draft tokens, then the correction token (sampled from
+      norm(max(p - q, 0)) at the first rejection) or the bonus token (sampled
+      from p when all n_b drafts pass), then -1. ``num_accepted`` is ``[B]``
+      int32; request b emits ``num_accepted[b] + 1`` tokens.
+
+    At temperature 0 a draft is accepted while it equals the target argmax and
+    the target argmax is emitted at the first mismatch (ties: lowest id).
+    """
+    return torch.ops.flashspark.verify(
+        target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
+        temperature, seeds, offsets, max_spec_len,
+    )
+
+
+def verify_out(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    out_tokens: torch.Tensor,
+    out_num_accepted: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+) -> None:
+    """:func:`verify` writing into preallocated, contiguous int32 outputs
+    ``out_tokens [B, max_spec_len + 1]`` and ``out_num_accepted [B]``, as an
+    engine does with persistent buffers inside a captured CUDA graph."""
+    torch.ops.flashspark.verify_out(
+        target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
+        temperature, seeds, offsets, max_spec_len,
+        out_tokens=out_tokens, out_num_accepted=out_num_accepted,
+    )
+
+
+@torch.library.register_fake("flashspark::verify")
+def _verify_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
+                 temperature, seeds, offsets, max_spec_len):
+    batch = cu_num_draft.shape[0] - 1
+    return (
+        target_logits.new_empty((batch, max_spec_len + 1), dtype=torch.int32),
+        target_logits.new_empty((batch,), dtype=torch.int32),
+    )
+
+
+@torch.library.register_fake("flashspark::verify_out")
+def _verify_out_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
+                     temperature, seeds, offsets, max_spec_len, *, out_tokens, out_num_accepted):
+    return None

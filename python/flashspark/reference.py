@@ -1,0 +1,152 @@
+"""Pure-PyTorch oracles of the flashspark ops.
+
+Written for clarity, not speed: the tests compare every kernel against these
+functions. Randomness uses the same Philox4x32-10 stream as the kernels
+(csrc/include/flashspark/philox.h), bit for bit, so given equal seeds the
+kernels and the oracles draw identical numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+# Purposes of draws; must match enum Purpose in philox.h.
+PURPOSE_ACCEPT = 1
+PURPOSE_RESAMPLE = 2
+PURPOSE_DRAFT = 3
+PURPOSE_PATH = 4
+
+_MASK32 = 0xFFFFFFFF
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+
+
+def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) 32-bit words of a * b for a constant a and int64 tensor b < 2^32,
+    using 16-bit halves so that no intermediate leaves int64."""
+    ah, al = a >> 16, a & 0xFFFF
+    bh, bl = b >> 16, b & 0xFFFF
+    mid = ah * bl + al * bh
+    t = al * bl + ((mid & 0xFFFF) << 16)
+    return ah * bh + (mid >> 16) + (t >> 32), t & _MASK32
+
+
+def philox4x32_10(counter: tuple, key: tuple) -> tuple[torch.Tensor, ...]:
+    """Philox4x32-10 on int64 tensors (or ints) holding 32-bit words.
+
+    counter: four words (c0, c1, c2, c3); key: two words (k0, k1); all broadcast.
+    Returns the four output words as int64 tensors in [0, 2^32).
+    """
+    c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) & _MASK32 for c in counter)
+    k0, k1 = (torch.as_tensor(k, dtype=torch.int64) & _MASK32 for k in key)
+    for _ in range(10):
+        hi0, lo0 = _mulhilo32(_M0, c0)
+        hi1, lo1 = _mulhilo32(_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def philox_u32(seed: int, position: int, purpose: int, index: torch.Tensor | int) -> torch.Tensor:
+    """32-bit draw for each ``index`` at (seed, position, purpose): lane index%4
+    of the Philox block index//4, exactly as ``philox_u32`` in philox.h."""
+    index = torch.as_tensor(index, dtype=torch.int64)
+    seed &= (1 << 64) - 1
+    position &= (1 << 64) - 1
+    words = philox4x32_10(
+        (index >> 2, position & _MASK32, position >> 32, purpose),
+        (seed & _MASK32, seed >> 32),
+    )
+    out = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    return out.gather(-1, (index & 3).unsqueeze(-1).expand(out.shape[:-1] + (1,))).squeeze(-1)
+
+
+def uniform_open01(bits: torch.Tensor) -> torch.Tensor:
+    """Uniform in (0, 1) from 32-bit draws: (2*(x >> 9) + 1) * 2^-24, exact in fp32."""
+    return (((bits >> 9) << 1) | 1).to(torch.float32) * (2.0 ** -24)
+
+
+def gumbel(bits: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise -log(-log u): argmax(log r + g) samples from norm(r)."""
+    return -torch.log(-torch.log(uniform_open01(bits)))
+
+
+def _to_int(t) -> int:
+    return int(t.item()) if isinstance(t, torch.Tensor) else int(t)
+
+
+def verify_reference(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle of :func:`flashspark.ops.verify` (same arguments and outputs)."""
+    logits = target_logits.detach().float().cpu()
+    tokens = draft_tokens.detach().long().cpu()
+    cu = cu_num_draft.detach().long().cpu()
+    vocab = logits.shape[1]
+    batch = cu.numel() - 1
+    out = torch.full((batch, max_spec_len + 1), -1, dtype=torch.int32)
+    num_accepted = torch.zeros(batch, dtype=torch.int32)
+    vocab_ids = torch.arange(vocab)
+    for b in range(batch):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        n = hi - lo
+        rows = logits[lo + b: hi + b + 1]
+        temp = float(temperature[b])
+        seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
+        if temp == 0.0:
+            target = rows.argmax(dim=-1)  # first maximum on ties
+            k = 0
+            while k < n and int(target[k]) == int(tokens[lo + k]):
+                k += 1
+            out[b, :k] = tokens[lo: lo + k].int()
+            out[b, k] = int(target[k])
+            num_accepted[b] = k
+            continue
+        logp = torch.log_softmax(rows * (1.0 / temp), dim=-1)
+        emitted = None
+        k = 0
+        for k in range(n):
+            x = int(tokens[lo + k])
+            q = torch.zeros(vocab)
+            if draft_probs is None:
+                q[x] = 1.0
+            elif draft_probs_ids is None:
+                q = draft_probs[lo + k].detach().float().cpu()
+            else:
+                ids = draft_probs_ids[lo + k].detach().long().cpu()
+                probs = draft_probs[lo + k].detach().float().cpu()
+                for j in reversed(range(ids.numel())):  # first listed entry wins, as in the kernel
+                    q[ids[j]] = probs[j]
+            p_x = logp[k, x].exp()
+            u = uniform_open01(philox_u32(seed, offset + k, PURPOSE_ACCEPT, 0))
+            if u * q[x] < p_x:
+                out[b, k] = x
+                continue
+            g = gumbel(philox_u32(seed, offset + k, PURPOSE_RESAMPLE, vocab_ids))
+            residual = torch.clamp(logp[k].exp() - q, min=0.0)
+            key = torch.where(q > 0, torch.log(residual), logp[k]) + g
+            if torch.isneginf(key).all():  # p == q: residual empty, fall back to p
+                key = logp[k] + g
+            emitted = int(key.argmax())
+            break
+        else:
+            k = n
+        if emitted is None:
+            g = gumbel(philox_u32(seed, offset + n, PURPOSE_RESAMPLE, vocab_ids))
+            emitted = int((logp[n] + g).argmax())
+        out[b, k] = emitted
+        num_accepted[b] = k
+    device = target_logits.device
+    return out.to(device), num_accepted.to(device)

@@ -1,0 +1,523 @@
+"""Tests of torch.ops.flashspark.verify against the pure-PyTorch oracle.
+
+Exact greedy cases, kernel == oracle under the shared Philox stream,
+statistical losslessness for every q form (with planted-bug samplers that the
+same statistic must reject), determinism, opcheck, odd sizes, non-contiguous
+inputs and bad inputs.
+"""
+
+import math
+
+import pytest
+import torch
+
+import flashspark
+from flashspark.reference import (
+    PURPOSE_ACCEPT,
+    PURPOSE_RESAMPLE,
+    gumbel,
+    philox_u32,
+    uniform_open01,
+    verify_reference,
+)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_case(num_draft, vocab, *, q_mode="onehot", dtype=torch.float32, temperature=1.0, k=4, seed=0,
+              closeness=0.7, device="cpu"):
+    """A batch whose drafts come from a q close to p, so that acceptance is mixed.
+
+    Returns (logits, draft_tokens, cu_num_draft, kwargs) for ops.verify.
+    """
+    g = torch.Generator().manual_seed(seed)
+    batch = len(num_draft)
+    cu = torch.zeros(batch + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(num_draft, dtype=torch.int32).cumsum(0)
+    total = int(cu[-1])
+    logits = torch.randn(total + batch, vocab, generator=g) * 3.0
+    draft_logits = torch.empty(total, vocab)
+    draft_tokens = torch.empty(total, dtype=torch.int64)
+    for b in range(batch):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        rows = logits[lo + b: hi + b]
+        draft_logits[lo:hi] = closeness * rows + (1 - closeness) * 3.0 * torch.randn(rows.shape, generator=g)
+    q = torch.softmax(draft_logits, dim=-1)
+    kwargs = {}
+    if q_mode == "onehot":
+        draft_tokens = draft_logits.argmax(-1) if total else draft_tokens
+    elif q_mode == "dense":
+        draft_tokens = torch.multinomial(q, 1, generator=g).squeeze(-1) if total else draft_tokens
+        kwargs["draft_probs"] = q
+    elif q_mode == "sparse":
+        kk = min(k, vocab)
+        top_p, top_i = q.topk(kk, dim=-1)
+        top_p = top_p / top_p.sum(-1, keepdim=True)
+        pick = torch.multinomial(top_p, 1, generator=g) if total else torch.zeros(0, 1, dtype=torch.int64)
+        draft_tokens = top_i.gather(-1, pick).squeeze(-1)
+        kwargs["draft_probs"] = top_p
+        kwargs["draft_probs_ids"] = top_i.to(torch.int32)
+    kwargs.update(
+        temperature=torch.full((batch,), float(temperature)),
+        seeds=torch.arange(batch, dtype=torch.int64) * 7919 + seed,
+        offsets=torch.arange(batch, dtype=torch.int64) * 3,
+        max_spec_len=max(num_draft) if num_draft else 0,
+    )
+    logits = logits.to(dtype)
+    moved = {k_: (v.to(device) if isinstance(v, torch.Tensor) else v) for k_, v in kwargs.items()}
+    return logits.to(device), draft_tokens.to(torch.int32).to(device), cu.to(device), moved
+
+
+def run_both(logits, tokens, cu, kwargs):
+    got = flashspark.verify(logits, tokens, cu, **kwargs)
+    want = verify_reference(logits, tokens, cu, **kwargs)
+    return [t.cpu() for t in got], [t.cpu() for t in want]
+
+
+def assert_well_formed(out, acc, cu, draft_tokens, max_spec_len):
+    out, acc, cu, draft_tokens = out.cpu(), acc.cpu(), cu.cpu(), draft_tokens.cpu()
+    for b in range(acc.numel()):
+        n = int(cu[b + 1] - cu[b])
+        k = int(acc[b])
+        assert 0 <= k <= n
+        assert torch.equal(out[b, :k], draft_tokens[int(cu[b]): int(cu[b]) + k])
+        assert out[b, k] >= 0
+        assert (out[b, k + 1:] == -1).all()
+    assert out.shape[1] == max_spec_len + 1
+
+
+# ---------------------------------------------------------------- Philox
+
+
+def test_philox_known_answers():
+    # Random123 known-answer vectors for philox4x32-10.
+    from flashspark.reference import philox4x32_10
+
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ]
+    for ctr, key, want in cases:
+        assert tuple(int(w) for w in philox4x32_10(ctr, key)) == want
+
+
+def test_uniform_is_open_and_gumbel_finite():
+    bits = torch.tensor([0, 1, 511, 512, 0xFFFFFFFF, 0x80000000], dtype=torch.int64)
+    u = uniform_open01(bits)
+    assert (u > 0).all() and (u < 1).all()
+    assert torch.isfinite(gumbel(bits)).all()
+    # Lanes of one block and distinct purposes give distinct draws.
+    draws = philox_u32(5, 9, PURPOSE_RESAMPLE, torch.arange(8))
+    assert draws.unique().numel() == 8
+    assert int(philox_u32(5, 9, PURPOSE_ACCEPT, 0)) != int(draws[0])
+
+
+# ---------------------------------------------------------------- exact greedy cases
+
+
+def _greedy_call(logits, drafts, num_draft, max_spec_len, device):
+    cu = torch.tensor([0] + list(torch.tensor(num_draft).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    b = len(num_draft)
+    return flashspark.verify(
+        logits.to(device), torch.tensor(drafts, dtype=torch.int32, device=device), cu,
+        temperature=torch.zeros(b, device=device), seeds=torch.zeros(b, dtype=torch.int64, device=device),
+        offsets=torch.zeros(b, dtype=torch.int64, device=device), max_spec_len=max_spec_len,
+    )
+
+
+def test_greedy_all_accepted_emits_bonus(device):
+    logits = torch.full((4, 10), -1.0)
+    for row, tok in enumerate([3, 1, 4, 9]):
+        logits[row, tok] = 5.0
+    out, acc = _greedy_call(logits, [3, 1, 4], [3], 4, device)
+    assert out.cpu().tolist() == [[3, 1, 4, 9, -1]]
+    assert acc.cpu().tolist() == [3]
+
+
+def test_greedy_first_token_rejected(device):
+    logits = torch.full((4, 10), -1.0)
+    for row, tok in enumerate([7, 1, 4, 9]):
+        logits[row, tok] = 5.0
+    out, acc = _greedy_call(logits, [3, 1, 4], [3], 3, device)
+    assert out.cpu().tolist() == [[7, -1, -1, -1]]
+    assert acc.cpu().tolist() == [0]
+
+
+def test_greedy_mixed_batch_with_empty_drafts(device):
+    # request 0: rejects at 1; request 1: no drafts (bonus only); request 2: all accepted
+    rows = [[2, 6, 0], [5], [1, 8]]
+    logits = []
+    for r in rows:
+        for tok in r:
+            row = torch.zeros(12)
+            row[tok] = 1.0
+            logits.append(row)
+    logits = torch.stack(logits)
+    out, acc = _greedy_call(logits, [2, 4, 1], [2, 0, 1], 3, device)
+    assert out.cpu().tolist() == [[2, 6, -1, -1], [5, -1, -1, -1], [1, 8, -1, -1]]
+    assert acc.cpu().tolist() == [1, 0, 1]
+
+
+def test_greedy_ties_break_to_lowest_id(device):
+    logits = torch.zeros(2, 6)
+    logits[0, [2, 4]] = 3.0
+    logits[1, [1, 5]] = 3.0
+    out, acc = _greedy_call(logits, [4], [1], 1, device)  # argmax is 2, not 4
+    assert out.cpu().tolist() == [[2, -1]]
+    out, acc = _greedy_call(logits, [2], [1], 1, device)
+    assert out.cpu().tolist() == [[2, 1]]
+
+
+def test_greedy_ignores_q(device):
+    logits, tokens, cu, kw = make_case([4, 2, 5], 37, q_mode="dense", temperature=0.0, device=device)
+    got, want = run_both(logits, tokens, cu, kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    kw.pop("draft_probs")
+    got2 = [t.cpu() for t in flashspark.verify(logits, tokens, cu, **kw)]
+    assert torch.equal(got[0], got2[0])
+
+
+# ---------------------------------------------------------------- kernel == oracle
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
+def test_matches_reference(device, q_mode, dtype, temperature):
+    num_draft = [3, 0, 8, 1, 5, 8, 2, 0, 4, 7, 6, 1, 8, 3, 2, 5, 0, 8, 4]  # B = 19
+    logits, tokens, cu, kw = make_case(num_draft, 111, q_mode=q_mode, dtype=dtype, temperature=temperature,
+                                       seed=3, device=device)
+    (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
+    assert torch.equal(out, ref_out)
+    assert torch.equal(acc, ref_acc)
+    assert_well_formed(out, acc, cu, tokens, kw["max_spec_len"])
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 5, 111, 4097])
+@pytest.mark.parametrize("batch", [1, 19])
+def test_odd_sizes(device, vocab, batch):
+    num_draft = [(3 * b + 1) % 6 for b in range(batch)]
+    for q_mode in ["onehot", "dense", "sparse"]:
+        logits, tokens, cu, kw = make_case(num_draft, vocab, q_mode=q_mode, seed=vocab + batch, device=device)
+        (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
+        assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc), q_mode
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "sparse"])
+def test_large_vocab(device, q_mode):
+    # Qwen3 vocabulary; long enough rows to exercise chunked/block reductions.
+    logits, tokens, cu, kw = make_case([4, 1], 151936, q_mode=q_mode, k=16, closeness=0.95, seed=11,
+                                       device=device)
+    (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
+    assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+
+
+def test_all_drafts_empty(device):
+    logits, tokens, cu, kw = make_case([0, 0, 0], 50, seed=2, device=device)
+    (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
+    assert torch.equal(out, ref_out)
+    assert (acc == 0).all() and (out[:, 0] >= 0).all()
+
+
+def test_empty_batch(device):
+    logits = torch.zeros(0, 10, device=device)
+    out, acc = flashspark.verify(
+        logits, torch.zeros(0, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device),
+        temperature=torch.zeros(0, device=device), seeds=torch.zeros(0, dtype=torch.int64, device=device),
+        offsets=torch.zeros(0, dtype=torch.int64, device=device), max_spec_len=4)
+    assert out.shape == (0, 5) and acc.shape == (0,)
+
+
+def test_masked_logits_never_emitted(device):
+    # -inf logits (top-k/top-p masking upstream) must never be sampled.
+    logits, tokens, cu, kw = make_case([3] * 16, 40, q_mode="dense", seed=5, device=device)
+    logits = logits.clone()
+    logits[:, 20:] = float("-inf")
+    kw["draft_probs"] = torch.softmax(torch.randn(tokens.numel(), 40), -1).to(device)
+    out, acc = flashspark.verify(logits, tokens % 20, cu, **kw)
+    emitted = out.cpu().gather(1, acc.cpu().long().unsqueeze(1))
+    assert (emitted < 20).all()
+
+
+# ---------------------------------------------------------------- statistical losslessness
+
+
+def chi2_critical(df, z=4.75):
+    """Wilson-Hilferty upper quantile of chi-square(df); z = 4.75 is a tail of about 1e-6."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def chi2_stat(counts, probs):
+    n = counts.sum()
+    expected = probs * n
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "emitted a token of probability 0"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def position_stats(out, acc, target_probs):
+    """Chi-square of the emitted token at each position k, over the trials that
+    reached k (all earlier drafts accepted); conditional on reaching k, the
+    token at k must be distributed as p_k for a lossless sampler."""
+    stats = []
+    for k, p in enumerate(target_probs):
+        reached = acc >= k
+        tokens = out[reached, k].long()
+        counts = torch.bincount(tokens, minlength=p.numel()).double()
+        stats.append((chi2_stat(counts, p.double()), p.numel() - 1, int(reached.sum())))
+    return stats
+
+
+STAT_V, STAT_GAMMA, STAT_TRIALS = 6, 3, 30000
+
+
+def stat_setup(q_mode, temperature):
+    g = torch.Generator().manual_seed(1234)
+    target_logits = torch.randn(STAT_GAMMA + 1, STAT_V, generator=g) * 1.5
+    # q deliberately far from p so that rejections (and the residual) matter.
+    q = torch.softmax(torch.randn(STAT_GAMMA, STAT_V, generator=g) * 1.5, dim=-1)
+    if q_mode == "sparse":
+        q[:, :2] = 0.0  # q has support on 4 of the 6 ids
+        q = q / q.sum(-1, keepdim=True)
+    p = torch.softmax(target_logits / temperature, dim=-1)
+    if q_mode == "onehot":  # a deterministic drafter: always proposes the target's mode
+        drafts = p[:STAT_GAMMA].argmax(-1).repeat(STAT_TRIALS, 1)
+    else:
+        drafts = torch.stack([torch.multinomial(q[k], STAT_TRIALS, replacement=True, generator=g)
+                              for k in range(STAT_GAMMA)], dim=1)
+    return target_logits, q, drafts, p
+
+
+def run_trials(q_mode, temperature, device):
+    target_logits, q, drafts, p = stat_setup(q_mode, temperature)
+    n = STAT_TRIALS
+    logits = target_logits.repeat(n, 1)  # each trial: gamma draft rows + bonus row
+    cu = torch.arange(n + 1, dtype=torch.int32) * STAT_GAMMA
+    kw = dict(temperature=torch.full((n,), temperature), seeds=torch.arange(n, dtype=torch.int64) + 99,
+              offsets=torch.zeros(n, dtype=torch.int64), max_spec_len=STAT_GAMMA)
+    if q_mode == "dense":
+        kw["draft_probs"] = q.repeat(n, 1)
+    elif q_mode == "sparse":
+        kw["draft_probs"] = q[:, 2:].repeat(n, 1).contiguous()
+        kw["draft_probs_ids"] = torch.arange(2, STAT_V, dtype=torch.int32).repeat(n * STAT_GAMMA, 1)
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    out, acc = flashspark.verify(logits.to(device), drafts.reshape(-1).to(torch.int32).to(device), cu.to(device), **kw)
+    return out.cpu(), acc.cpu(), p, q, drafts
+
+
+@pytest.mark.parametrize("q_mode,temperature", [("onehot", 1.0), ("dense", 1.0), ("sparse", 1.0), ("dense", 0.7)])
+def test_statistically_lossless(device, q_mode, temperature):
+    out, acc, p, _, _ = run_trials(q_mode, temperature, device)
+    for k, (stat, df, reached) in enumerate(position_stats(out, acc, p)):
+        assert reached > 1000, f"position {k} reached only {reached} times"
+        assert stat < chi2_critical(df), f"position {k}: chi2 {stat:.1f} >= {chi2_critical(df):.1f}"
+    # Acceptance rate of position 0 must equal sum_x min(p, q) (one-hot: the draft's q is 1).
+    if q_mode != "onehot":
+        _, q, _, pp = stat_setup(q_mode, temperature)
+        expected = torch.minimum(pp[0], q[0]).sum().item()
+        assert abs((acc >= 1).float().mean().item() - expected) < 5 * math.sqrt(expected / STAT_TRIALS)
+
+
+def _buggy_sampler(p, q, drafts, bug):
+    """Vectorized speculative sampler with one planted bug, to show that the
+    statistic above has the power to reject a wrong sampler."""
+    n, gamma = drafts.shape
+    g = torch.Generator().manual_seed(7)
+    out = torch.full((n, gamma + 1), -1, dtype=torch.int64)
+    acc = torch.full((n,), gamma, dtype=torch.int64)
+    alive = torch.ones(n, dtype=torch.bool)
+    for k in range(gamma):
+        x = drafts[:, k]
+        ratio = p[k][x] / q[k][x]
+        if bug == "accept_always_below_one":
+            ratio = torch.clamp(ratio * 1.5, max=1.0)  # over-accepts
+        accept = torch.rand(n, generator=g) < ratio
+        if bug == "resample_from_p":
+            residual = p[k]
+        elif bug == "resample_from_q_complement":
+            residual = torch.clamp(1.0 - q[k], min=0)
+        else:
+            residual = torch.clamp(p[k] - q[k], min=0)
+        resampled = torch.multinomial(residual / residual.sum(), n, replacement=True, generator=g)
+        rejected_now = alive & ~accept
+        out[alive, k] = torch.where(accept[alive], x[alive], resampled[alive])
+        acc[rejected_now] = k
+        alive &= accept
+    out[alive, gamma] = torch.multinomial(p[gamma], int(alive.sum()), replacement=True, generator=g)
+    return out, acc
+
+
+@pytest.mark.parametrize("bug", ["resample_from_p", "resample_from_q_complement", "accept_always_below_one"])
+def test_statistic_rejects_planted_bugs(bug):
+    target_logits, q, drafts, p = stat_setup("dense", 1.0)
+    out, acc = _buggy_sampler(p, q, drafts, bug)
+    stats = position_stats(out, acc, p)
+    assert any(stat >= chi2_critical(df) for stat, df, _ in stats), f"planted bug {bug} passed the test"
+    # ...while the same sampler without a bug passes it.
+    out, acc = _buggy_sampler(p, q, drafts, "none")
+    assert all(stat < chi2_critical(df) for stat, df, _ in position_stats(out, acc, p))
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_seeded_determinism_and_batch_order_invariance(device):
+    logits, tokens, cu, kw = make_case([5, 3, 6, 2], 200, q_mode="dense", seed=4, device=device)
+    a = flashspark.verify(logits, tokens, cu, **kw)
+    b = flashspark.verify(logits, tokens, cu, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    outs = {tuple(flashspark.verify(logits, tokens, cu, **dict(kw, seeds=kw["seeds"] + s))[0].cpu().flatten().tolist())
+            for s in range(6)}
+    assert len(outs) > 1, "different seeds never changed the output"
+    # A request draws the same numbers wherever it sits in the batch: verifying
+    # it alone gives its row of the batched result.
+    for r in range(4):
+        lo, hi = int(cu[r]), int(cu[r + 1])
+        sub = {name: kw[name][r: r + 1] for name in ["temperature", "seeds", "offsets"]}
+        one = torch.tensor([0, hi - lo], dtype=torch.int32, device=device)
+        out, acc = flashspark.verify(logits[lo + r: hi + r + 1], tokens[lo:hi], one, draft_probs=kw["draft_probs"][lo:hi],
+                                     max_spec_len=kw["max_spec_len"], **sub)
+        assert torch.equal(out[0], a[0][r]) and int(acc[0]) == int(a[1][r])
+
+
+def test_offsets_change_draws(device):
+    logits, tokens, cu, kw = make_case([6] * 8, 300, q_mode="dense", seed=8, device=device)
+    a = flashspark.verify(logits, tokens, cu, **kw)[0]
+    b = flashspark.verify(logits, tokens, cu, **dict(kw, offsets=kw["offsets"] + 100))[0]
+    assert not torch.equal(a, b)
+
+
+# ---------------------------------------------------------------- out variant, opcheck, layouts
+
+
+def test_verify_out_matches_functional(device):
+    logits, tokens, cu, kw = make_case([2, 7, 0, 4], 64, q_mode="sparse", seed=9, device=device)
+    out, acc = flashspark.verify(logits, tokens, cu, **kw)
+    buf = torch.full((4, kw["max_spec_len"] + 1), 123, dtype=torch.int32, device=device)
+    nacc = torch.full((4,), 77, dtype=torch.int32, device=device)
+    flashspark.verify_out(logits, tokens, cu, out_tokens=buf, out_num_accepted=nacc, **kw)
+    assert torch.equal(out, buf) and torch.equal(acc, nacc)
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+def test_opcheck(device, q_mode):
+    logits, tokens, cu, kw = make_case([3, 0, 5], 33, q_mode=q_mode, seed=10, device=device)
+    args = (logits, tokens, cu, kw.get("draft_probs"), kw.get("draft_probs_ids"), kw["temperature"], kw["seeds"],
+            kw["offsets"], kw["max_spec_len"])
+    torch.library.opcheck(torch.ops.flashspark.verify.default, args)
+    out = torch.empty(3, kw["max_spec_len"] + 1, dtype=torch.int32, device=device)
+    nacc = torch.empty(3, dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.flashspark.verify_out.default, args,
+                          {"out_tokens": out, "out_num_accepted": nacc})
+
+
+def test_non_contiguous_inputs(device):
+    logits, tokens, cu, kw = make_case([4, 6, 1, 3], 90, q_mode="dense", seed=12, device=device)
+    want = flashspark.verify(logits, tokens, cu, **kw)
+    # Rows strided inside a wider buffer, and a transposed (column-major) copy.
+    wide = torch.full((logits.shape[0], 97), 55.0, device=device, dtype=logits.dtype)
+    wide[:, :90] = logits
+    transposed = logits.t().contiguous().t()
+    tok_buf = torch.zeros(tokens.numel() * 2, dtype=torch.int32, device=device)
+    tok_buf[::2] = tokens
+    q = kw["draft_probs"]
+    q_wide = torch.zeros(q.shape[0], 101, device=device)
+    q_wide[:, 3:93] = q
+    for lg in [wide[:, :90], transposed]:
+        got = flashspark.verify(lg, tok_buf[::2], cu, **dict(kw, draft_probs=q_wide[:, 3:93]))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref = verify_reference(wide[:, :90], tok_buf[::2], cu, **dict(kw, draft_probs=q_wide[:, 3:93]))
+    assert torch.equal(ref[0].cpu(), want[0].cpu())
+
+
+def test_int64_metadata_accepted(device):
+    logits, tokens, cu, kw = make_case([3, 2], 40, q_mode="sparse", seed=13, device=device)
+    a = flashspark.verify(logits, tokens, cu, **kw)
+    b = flashspark.verify(logits, tokens.long(), cu.long(), **dict(kw, draft_probs_ids=kw["draft_probs_ids"].long()))
+    assert torch.equal(a[0], b[0])
+
+
+def test_compiles_with_torch_compile():
+    logits, tokens, cu, kw = make_case([3, 4], 50, q_mode="dense", seed=14)
+
+    def step(lg, tk, c, q, t, s, o):
+        out, acc = flashspark.verify(lg, tk, c, draft_probs=q, temperature=t, seeds=s, offsets=o, max_spec_len=4)
+        return out, acc + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    args = (logits, tokens, cu, kw["draft_probs"], kw["temperature"], kw["seeds"], kw["offsets"])
+    got, want = compiled(*args), step(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def _bad(device, **changes):
+    logits, tokens, cu, kw = make_case([3, 2], 20, q_mode="dense", seed=15, device=device)
+    args = dict(target_logits=logits, draft_tokens=tokens, cu_num_draft=cu, **kw)
+    args.update(changes)
+    return args
+
+
+def _call(args):
+    a = dict(args)
+    return flashspark.verify(a.pop("target_logits"), a.pop("draft_tokens"), a.pop("cu_num_draft"), **a)
+
+
+BAD_CASES = [
+    ("target_logits", lambda d: {"target_logits": torch.zeros(7, 20, dtype=torch.int32, device=d)}),
+    ("target_logits", lambda d: {"target_logits": torch.zeros(7, 20, 1, device=d)}),
+    ("target_logits", lambda d: {"target_logits": torch.zeros(6, 20, device=d)}),
+    ("draft_tokens", lambda d: {"draft_tokens": torch.zeros(5, device=d)}),
+    ("draft_tokens", lambda d: {"draft_tokens": torch.tensor([0, 1, 20, 3, 4], dtype=torch.int32, device=d)}),
+    ("draft_tokens", lambda d: {"draft_tokens": torch.tensor([0, 1, -1, 3, 4], dtype=torch.int32, device=d)}),
+    ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 4, 3], dtype=torch.int32, device=d)}),
+    ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 3, 4], dtype=torch.int32, device=d)}),
+    ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([[0, 3, 5]], dtype=torch.int32, device=d)}),
+    ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 3, 5], dtype=torch.int32, device=d),
+                                "max_spec_len": 2}),
+    ("max_spec_len", lambda d: {"max_spec_len": -1}),
+    ("temperature", lambda d: {"temperature": torch.tensor([1.0, -0.5], device=d)}),
+    ("temperature", lambda d: {"temperature": torch.tensor([1.0], device=d)}),
+    ("temperature", lambda d: {"temperature": torch.tensor([1.0, 1.0], dtype=torch.float64, device=d)}),
+    ("seeds", lambda d: {"seeds": torch.tensor([1, 2], dtype=torch.int32, device=d)}),
+    ("offsets", lambda d: {"offsets": torch.tensor([1, 2, 3], dtype=torch.int64, device=d)}),
+    ("draft_probs", lambda d: {"draft_probs": torch.rand(5, 19, device=d)}),
+    ("draft_probs", lambda d: {"draft_probs": torch.rand(5, 20, dtype=torch.float64, device=d)}),
+    ("draft_probs", lambda d: {"draft_probs": torch.rand(4, 20, device=d)}),
+    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
+                                   "draft_probs_ids": torch.randint(0, 20, (5, 3), device=d)}),
+    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
+                                   "draft_probs_ids": torch.full((5, 4), 25, dtype=torch.int32, device=d)}),
+    ("draft_probs_ids", lambda d: {"draft_probs": None,
+                                   "draft_probs_ids": torch.zeros((5, 4), dtype=torch.int32, device=d)}),
+]
+
+
+@pytest.mark.parametrize("name,change", BAD_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_CASES)])
+def test_bad_inputs_raise_clear_errors(name, change):
+    # Value checks need host-visible data; they run on the CPU (CUDA traps in-kernel).
+    with pytest.raises(RuntimeError, match=name):
+        _call(_bad("cpu", **change("cpu")))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bad_device_mix():
+    args = _bad("cuda", seeds=torch.tensor([1, 2], dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="seeds"):
+        _call(args)
+
+
+def test_bad_out_buffers():
+    logits, tokens, cu, kw = make_case([3, 2], 20, seed=16)
+    with pytest.raises(RuntimeError, match="out_tokens"):
+        flashspark.verify_out(logits, tokens, cu, out_tokens=torch.empty(2, 3, dtype=torch.int32),
+                              out_num_accepted=torch.empty(2, dtype=torch.int32), **kw)
+    with pytest.raises(RuntimeError, match="out_num_accepted"):
+        flashspark.verify_out(logits, tokens, cu, out_tokens=torch.empty(2, 4, dtype=torch.int32),
+                              out_num_accepted=torch.empty(3, dtype=torch.int32), **kw)
