@@ -3,6 +3,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "dflash_args.h"
+#include "flashspark/cpu/dflash.h"
 #include "flashspark/cpu/verify.h"
 #include "verify_args.h"
 
@@ -23,7 +25,7 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
   check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
-  dispatch_logits(a.logits.scalar_type(), [&]<class T>() {
+  dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted);
     const VerifyError e = cpu::verify_check(p, a.num_tokens);
     TORCH_CHECK(e == VerifyError::kOk, "flashspark.verify: ", verify_error_message(e));
@@ -43,10 +45,41 @@ std::tuple<at::Tensor, at::Tensor> verify_cpu(const at::Tensor& target_logits, c
   return {out_tokens, out_num_accepted};
 }
 
+at::Tensor block_diffusion_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                         const at::Tensor& ctx_lens, const at::Tensor& k_block,
+                                         const at::Tensor& v_block, double scale) {
+  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block);
+  const int32_t* lens = a.ctx_lens.const_data_ptr<int32_t>();
+  for (int64_t b = 0; b < a.batch; ++b)
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= a.max_len, "flashspark.block_diffusion_attention: argument 'ctx_lens' ",
+                "must lie in [0, ", a.max_len, "] (the cache length), got ", lens[b], " for request ", b);
+  at::Tensor out = at::empty({a.batch, a.gamma, a.num_q_heads, a.head_dim}, q.options());
+  at::Tensor workspace;
+  dispatch_float(q.scalar_type(), [&]<class T>() {
+    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace);
+    cpu::block_diffusion_attention_cpu(p, AtenParallelFor{});
+  });
+  return out;
+}
+
+void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                           const at::Tensor& slots, const at::Tensor& k_norm_weight, const at::Tensor& cos_sin_cache,
+                           double eps, at::Tensor& k_cache, at::Tensor& v_cache) {
+  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, k_cache, v_cache);
+  dispatch_float(k_cache.scalar_type(), [&]<class T>() {
+    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache);
+    const InjectError e = cpu::inject_check(p);
+    TORCH_CHECK(e == InjectError::kOk, "flashspark.inject_context_kv: ", inject_error_message(e));
+    cpu::inject_context_kv_cpu(p, AtenParallelFor{});
+  });
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CPU, m) {
+  m.impl("block_diffusion_attention", &flashspark::binding::block_diffusion_attention_cpu);
+  m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cpu);
   m.impl("verify", &flashspark::binding::verify_cpu);
   m.impl("verify_out", &flashspark::binding::verify_out_cpu);
 }

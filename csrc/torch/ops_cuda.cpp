@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "flashspark/cuda/launch.h"
+#include "dflash_args.h"
 #include "verify_args.h"
 
 namespace flashspark::binding {
@@ -24,7 +25,7 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
                                          temperature, seeds, offsets, max_spec_len);
   check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  dispatch_logits(a.logits.scalar_type(), [&]<class T>() {
+  dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted);
     check_cuda(cuda::launch_verify<T>(p, a.num_tokens, stream), "verify");
   });
@@ -42,10 +43,39 @@ std::tuple<at::Tensor, at::Tensor> verify_cuda(const at::Tensor& target_logits, 
   return {out_tokens, out_num_accepted};
 }
 
+at::Tensor block_diffusion_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                          const at::Tensor& ctx_lens, const at::Tensor& k_block,
+                                          const at::Tensor& v_block, double scale) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block);
+  at::Tensor out = at::empty({a.batch, a.gamma, a.num_q_heads, a.head_dim}, q.options());
+  at::Tensor workspace;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(q.scalar_type(), [&]<class T>() {
+    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace);
+    check_cuda(cuda::launch_block_diffusion_attention<T>(p, stream), "block_diffusion_attention");
+  });
+  return out;
+}
+
+void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                            const at::Tensor& slots, const at::Tensor& k_norm_weight, const at::Tensor& cos_sin_cache,
+                            double eps, at::Tensor& k_cache, at::Tensor& v_cache) {
+  const c10::cuda::CUDAGuard guard(k_cache.device());
+  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, k_cache, v_cache);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(k_cache.scalar_type(), [&]<class T>() {
+    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache);
+    check_cuda(cuda::launch_inject_context_kv<T>(p, stream), "inject_context_kv");
+  });
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CUDA, m) {
+  m.impl("block_diffusion_attention", &flashspark::binding::block_diffusion_attention_cuda);
+  m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cuda);
   m.impl("verify", &flashspark::binding::verify_cuda);
   m.impl("verify_out", &flashspark::binding::verify_out_cuda);
 }

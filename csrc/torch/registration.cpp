@@ -21,4 +21,10 @@ TORCH_LIBRARY(flashspark, m) {
       "verify_out(Tensor target_logits, Tensor draft_tokens, Tensor cu_num_draft, Tensor? draft_probs, "
       "Tensor? draft_probs_ids, Tensor temperature, Tensor seeds, Tensor offsets, int max_spec_len, *, "
       "Tensor(a!) out_tokens, Tensor(b!) out_num_accepted) -> ()");
+  m.def(
+      "block_diffusion_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor ctx_lens, Tensor k_block, "
+      "Tensor v_block, float scale) -> Tensor");
+  m.def(
+      "inject_context_kv(Tensor k, Tensor v, Tensor positions, Tensor slots, Tensor k_norm_weight, "
+      "Tensor cos_sin_cache, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache) -> ()");
 }

@@ -5,27 +5,16 @@
 
 #include <optional>
 
-#include <torch/library.h>
-#include <ATen/ATen.h>
-
+#include "checks.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::binding {
 
-inline at::Tensor as_int32(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "flashspark.verify: argument '", name,
-              "' must be int32 or int64, got ", t.scalar_type());
-  return t.to(at::kInt).contiguous();
-}
-
+inline at::Tensor as_int32(const at::Tensor& t, const char* name) { return as_index(t, at::kInt, "verify", name); }
 inline void check_device(const at::Tensor& t, const at::Tensor& ref, const char* name) {
-  TORCH_CHECK(t.device() == ref.device(), "flashspark.verify: argument '", name, "' is on ", t.device(),
-              " but target_logits is on ", ref.device());
+  binding::check_device(t, ref, "verify", name);
 }
-
-inline void check_dim(const at::Tensor& t, int64_t dim, const char* name) {
-  TORCH_CHECK(t.dim() == dim, "flashspark.verify: argument '", name, "' must be ", dim, "-D, got ", t.dim(), "-D");
-}
+inline void check_dim(const at::Tensor& t, int64_t dim, const char* name) { binding::check_dim(t, dim, "verify", name); }
 
 // Tensors kept alive for the duration of the launch (converted copies).
 struct VerifyArgs {
@@ -40,12 +29,10 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                                     const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len) {
   VerifyArgs a;
   check_dim(target_logits, 2, "target_logits");
-  const auto dt = target_logits.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
-              "flashspark.verify: argument 'target_logits' must be float32, bfloat16 or float16, got ", dt);
+  check_float_dtype(target_logits, "verify", "target_logits");
   TORCH_CHECK(max_spec_len >= 0, "flashspark.verify: argument 'max_spec_len' must be >= 0, got ", max_spec_len);
   // Rows may be strided (a slice of a larger logits buffer); entries must not.
-  a.logits = target_logits.stride(1) == 1 ? target_logits : target_logits.contiguous();
+  a.logits = inner_contiguous(target_logits);
   TORCH_CHECK(a.logits.size(1) > 0 && a.logits.size(1) < (int64_t(1) << 31),
               "flashspark.verify: argument 'target_logits' has an empty or too large vocabulary");
   check_dim(draft_tokens, 1, "draft_tokens");
@@ -90,7 +77,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                 q.scalar_type());
     TORCH_CHECK(q.size(0) == a.num_tokens, "flashspark.verify: argument 'draft_probs' must have one row per draft token (",
                 a.num_tokens, "), got ", q.size(0));
-    a.q_probs = q.stride(1) == 1 ? q : q.contiguous();
+    a.q_probs = inner_contiguous(q);
     if (draft_probs_ids.has_value()) {
       const at::Tensor& ids = *draft_probs_ids;
       check_dim(ids, 2, "draft_probs_ids");
@@ -160,17 +147,6 @@ VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, 
   p.vocab = a.vocab;
   p.max_spec_len = a.max_spec_len;
   return p;
-}
-
-// Calls f.template operator()<T>() with T the kernel storage type of the logits.
-template <class F>
-void dispatch_logits(at::ScalarType dt, const F& f) {
-  switch (dt) {
-    case at::kFloat: f.template operator()<float>(); break;
-    case at::kBFloat16: f.template operator()<bfloat16_t>(); break;
-    case at::kHalf: f.template operator()<float16_t>(); break;
-    default: TORCH_CHECK(false, "flashspark: unsupported logits dtype ", dt);
-  }
 }
 
 inline const char* verify_error_message(VerifyError e) {

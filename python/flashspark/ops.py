@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["verify", "verify_out"]
+__all__ = ["verify", "verify_out", "block_diffusion_attention", "inject_context_kv"]
 
 
 def verify(
@@ -110,4 +110,82 @@ def _verify_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_p
 @torch.library.register_fake("flashspark::verify_out")
 def _verify_out_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                      temperature, seeds, offsets, max_spec_len, *, out_tokens, out_num_accepted):
+    return None
+
+
+# ---------------------------------------------------------------- DFlash drafter
+
+
+def block_diffusion_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """DFlash block attention with injected context K/V (no mask).
+
+    Every query of a request's block attends to that request's context K/V in
+    the drafter cache and to the whole block's own K/V, bidirectionally.
+
+    Args:
+      q: ``[B, G, Hq, D]`` block queries (G = block size γ), fp32/bf16/fp16,
+        q_norm and RoPE already applied. Any strides with D dense.
+      k_cache, v_cache: ``[B, Hkv, S_max, D]`` drafter cache (same dtype);
+        request b reads its first ``ctx_lens[b]`` positions. Strided batch/head
+        dims are fine (e.g. one layer of a ``[L, B, Hkv, S, D]`` cache).
+      ctx_lens: ``[B]`` int32/int64 context lengths, ``0 <= ctx_lens[b] <= S_max``.
+      k_block, v_block: ``[B, G, Hkv, D]`` the block's own K/V (k_norm and RoPE applied).
+      scale: softmax scale, usually ``D ** -0.5``.
+
+    Returns ``[B, G, Hq, D]`` in q's dtype. GQA: query head h reads KV head
+    ``h // (Hq // Hkv)``. Softmax in fp32. The CUDA kernel splits the keys
+    (flash-decoding) since the context is long and the queries few.
+    """
+    return torch.ops.flashspark.block_diffusion_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale)
+
+
+def inject_context_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
+    """DFlash KV injection: k_norm + RoPE on new context K, then the cache write.
+
+    For each of N newly committed tokens i and KV head h:
+    ``k_cache[slots[i], h, positions[i]] = RoPE(RMSNorm(k[i, h]) * k_norm_weight)``
+    and ``v_cache[slots[i], h, positions[i]] = v[i, h]``.
+
+    Args:
+      k, v: ``[N, Hkv, D]`` the context features projected by the layer's
+        k_proj / v_proj (before k_norm), in the caches' dtype.
+      positions: ``[N]`` int64 absolute positions (= the cache index and the
+        RoPE position), in ``[0, S_max)``.
+      slots: ``[N]`` int32 cache row of each token, in ``[0, B)``.
+      k_norm_weight: ``[D]`` RMSNorm weight (computed in fp32).
+      cos_sin_cache: ``[max_pos, D]`` fp32, cos in the first half and sin in the
+        second (see ``flashspark.reference.rope_cos_sin_cache``).
+      eps: RMSNorm epsilon.
+      k_cache, v_cache: ``[B, Hkv, S_max, D]``, written in place (D dense).
+
+    Two tokens writing the same (slot, position) race; callers pass distinct ones.
+    """
+    torch.ops.flashspark.inject_context_kv(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache)
+
+
+@torch.library.register_fake("flashspark::block_diffusion_attention")
+def _block_diffusion_attention_fake(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("flashspark::inject_context_kv")
+def _inject_context_kv_fake(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache):
     return None

@@ -150,3 +150,76 @@ def verify_reference(
         num_accepted[b] = k
     device = target_logits.device
     return out.to(device), num_accepted.to(device)
+
+
+# ---------------------------------------------------------------- DFlash attention and KV injection
+
+
+def block_diffusion_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Oracle of :func:`flashspark.ops.block_diffusion_attention`.
+
+    q [B, G, Hq, D] block queries; k_cache/v_cache [B, Hkv, S_max, D] context
+    K/V, of which request b uses the first ctx_lens[b] positions; k_block /
+    v_block [B, G, Hkv, D] the block's own K/V. No mask: every block query sees
+    all of its request's context and the whole block. GQA: query head h reads
+    KV head h // (Hq // Hkv). Computed in fp32, returned in q's dtype.
+    """
+    batch, gamma, hq, dim = q.shape
+    hkv = k_block.shape[2]
+    group = hq // hkv
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for b in range(batch):
+        n = int(ctx_lens[b])
+        keys = torch.cat([k_cache[b, :, :n].float(), k_block[b].float().transpose(0, 1)], dim=1)  # [Hkv, n+G, D]
+        vals = torch.cat([v_cache[b, :, :n].float(), v_block[b].float().transpose(0, 1)], dim=1)
+        keys = keys.repeat_interleave(group, dim=0)  # [Hq, n+G, D]
+        vals = vals.repeat_interleave(group, dim=0)
+        qb = q[b].float().transpose(0, 1)  # [Hq, G, D]
+        probs = torch.softmax(qb @ keys.transpose(1, 2) * scale, dim=-1)
+        out[b] = (probs @ vals).transpose(0, 1)
+    return out.to(q.dtype)
+
+
+def rope_cos_sin_cache(max_positions: int, head_dim: int, theta: float) -> torch.Tensor:
+    """[max_positions, head_dim] fp32: cos(p * f_i) in the first half, sin in the
+    second, f_i = theta^(-2i / head_dim) (rotate-half RoPE, as in Qwen3)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def inject_context_kv_reference(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> None:
+    """Oracle of :func:`flashspark.ops.inject_context_kv` (writes the caches in place).
+
+    For each new context token i: k_cache[slots[i], :, positions[i]] =
+    RoPE(RMSNorm(k[i]) * k_norm_weight) and v_cache[slots[i], :, positions[i]] = v[i].
+    k, v [N, Hkv, D]; RMSNorm is over D per head, in fp32.
+    """
+    kf = k.float()
+    kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()
+    half = k.shape[-1] // 2
+    cs = cos_sin_cache.float()[positions.long()]  # [N, D]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    x1, x2 = kf[..., :half], kf[..., half:]
+    roped = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    slots_l, pos_l = slots.long(), positions.long()
+    k_cache[slots_l, :, pos_l] = roped.to(k_cache.dtype)
+    v_cache[slots_l, :, pos_l] = v.to(v_cache.dtype)

@@ -68,6 +68,37 @@ FS_HOST_DEVICE bfloat16_t to_bfloat16(float f) {
   return bfloat16_t{uint16_t(u >> 16)};
 }
 
+// Float -> fp16 with round-to-nearest-even, overflow to inf, subnormals kept.
+FS_HOST_DEVICE float16_t to_float16(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7FFFFFFFu;
+  if (abs >= 0x7F800000u) return float16_t{uint16_t(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u))};
+  if (abs >= 0x477FF000u) return float16_t{uint16_t(sign | 0x7C00u)};  // rounds past 65504
+  if (abs < 0x38800000u) {  // below the smallest normal: a multiple of 2^-24
+    const float mag = bits_to_float(abs) * 16777216.f;  // exact scaling
+    // round half to even, in integer arithmetic on the scaled magnitude
+    const uint32_t whole = uint32_t(mag);
+    const float frac = mag - float(whole);
+    uint32_t r = whole + ((frac > 0.5f || (frac == 0.5f && (whole & 1u))) ? 1u : 0u);
+    return float16_t{uint16_t(sign | r)};
+  }
+  uint32_t h = ((abs - 0x38000000u) >> 13);  // rebias exponent 127 -> 15
+  const uint32_t rest = abs & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return float16_t{uint16_t(sign | h)};
+}
+
+// Widen-and-narrow helpers used by kernels that write their output dtype.
+template <class T>
+FS_HOST_DEVICE T from_float(float x);
+template <>
+FS_HOST_DEVICE float from_float<float>(float x) { return x; }
+template <>
+FS_HOST_DEVICE bfloat16_t from_float<bfloat16_t>(float x) { return to_bfloat16(x); }
+template <>
+FS_HOST_DEVICE float16_t from_float<float16_t>(float x) { return to_float16(x); }
+
 constexpr float kNegInf = -INFINITY;
 
 FS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

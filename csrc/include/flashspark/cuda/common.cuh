@@ -44,3 +44,22 @@ __device__ __forceinline__ void device_fail(const char* op, int code, int index)
 }
 
 }  // namespace flashspark::cuda
+
+namespace flashspark::cuda {
+
+// Warp-wide all-reduce (every lane gets the result), for reductions a warp
+// repeats per row inside a tile loop, where a CUB WarpReduce plus a broadcast
+// would cost more.
+__device__ __forceinline__ float warp_allreduce_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+__device__ __forceinline__ float warp_allreduce_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+}  // namespace flashspark::cuda

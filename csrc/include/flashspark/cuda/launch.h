@@ -5,11 +5,18 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flashspark/dflash.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::cuda {
 
 template <class T>
 cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_inject_context_kv(const InjectParams<T>& p, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_block_diffusion_attention(const BlockAttnParams<T>& p, cudaStream_t stream);
 
 }  // namespace flashspark::cuda

@@ -1,0 +1,127 @@
+// CPU kernels of the DFlash drafter ops: inject_context_kv (parallel over
+// token x head rows) and block_diffusion_attention (parallel over
+// request x KV head x key split, then a merge per query row).
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "flashspark/dflash.h"
+
+namespace flashspark::cpu {
+
+template <class T, class ParallelFor>
+void inject_context_kv_cpu(const InjectParams<T>& p, const ParallelFor& parallel_for) {
+  const int32_t D = p.head_dim, half = D / 2;
+  parallel_for(0, int64_t(p.num_tokens) * p.num_kv_heads, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t i = int32_t(r / p.num_kv_heads), h = int32_t(r % p.num_kv_heads);
+      const T* k = p.k + i * p.k_stride + int64_t(h) * D;
+      const T* v = p.v + i * p.v_stride + int64_t(h) * D;
+      const int64_t slot = p.slots[i], pos = p.positions[i];
+      T* kc = p.k_cache + slot * p.cache_stride_b + h * p.cache_stride_h + pos * p.cache_stride_s;
+      T* vc = p.v_cache + slot * p.v_cache_stride_b + h * p.v_cache_stride_h + pos * p.v_cache_stride_s;
+      float ss = 0.f;
+      for (int32_t j = 0; j < D; ++j) ss += to_float(k[j]) * to_float(k[j]);
+      const float inv = rms_inv(ss, D, p.eps);
+      const float* cs = p.cos_sin + pos * D;
+      for (int32_t j = 0; j < half; ++j) {
+        float o1, o2;
+        rope_pair(to_float(k[j]) * inv * p.k_norm_weight[j], to_float(k[j + half]) * inv * p.k_norm_weight[j + half],
+                  cs[j], cs[half + j], &o1, &o2);
+        kc[j] = from_float<T>(o1);
+        kc[j + half] = from_float<T>(o2);
+      }
+      for (int32_t j = 0; j < D; ++j) vc[j] = v[j];
+    }
+  });
+}
+
+template <class T>
+InjectError inject_check(const InjectParams<T>& p) {
+  for (int32_t i = 0; i < p.num_tokens; ++i) {
+    const InjectError e = inject_check_token(p, i);
+    if (e != InjectError::kOk) return e;
+  }
+  return InjectError::kOk;
+}
+
+// One split of keys [j0, j1) for all query rows of (b, h): scores, a local
+// softmax, and the unnormalized P.V, written as a partial (m, l, acc).
+template <class T>
+void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t s, std::vector<float>& q,
+                          std::vector<float>& scores, std::vector<float>& row, std::vector<float>& acc) {
+  const int32_t D = p.head_dim, R = p.rows(), ctx = p.ctx_lens[b];
+  const int32_t j0 = s * p.split_keys, j1 = std::min(ctx + p.gamma, j0 + p.split_keys), n = j1 - j0;
+  const int64_t base = block_attn_partial_index(p, b, h, 0, s);
+  if (n <= 0) {
+    for (int32_t r = 0; r < R; ++r) {
+      p.partial_ml[2 * (base + int64_t(r) * p.num_splits)] = kNegInf;
+      p.partial_ml[2 * (base + int64_t(r) * p.num_splits) + 1] = 0.f;
+    }
+    return;
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    const T* qr = block_attn_query(p, b, h, r);
+    for (int32_t d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(qr[d]) * p.scale;
+  }
+  for (int32_t j = j0; j < j1; ++j) {
+    const T* kj = block_attn_key(p, b, h, ctx, j);
+    for (int32_t d = 0; d < D; ++d) row[d] = to_float(kj[d]);
+    for (int32_t r = 0; r < R; ++r) {
+      const float* qr = q.data() + size_t(r) * D;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int32_t d = 0; d < D; ++d) dot += qr[d] * row[d];
+      scores[size_t(r) * n + (j - j0)] = dot;
+    }
+  }
+  std::fill(acc.begin(), acc.begin() + size_t(R) * D, 0.f);
+  for (int32_t r = 0; r < R; ++r) {
+    float* sr = scores.data() + size_t(r) * n;
+    float m = kNegInf;
+    for (int32_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
+    float l = 0.f;
+    for (int32_t j = 0; j < n; ++j) {
+      sr[j] = expf(sr[j] - m);
+      l += sr[j];
+    }
+    p.partial_ml[2 * (base + int64_t(r) * p.num_splits)] = m;
+    p.partial_ml[2 * (base + int64_t(r) * p.num_splits) + 1] = l;
+  }
+  for (int32_t j = j0; j < j1; ++j) {
+    const T* vj = block_attn_value(p, b, h, ctx, j);
+    for (int32_t d = 0; d < D; ++d) row[d] = to_float(vj[d]);
+    for (int32_t r = 0; r < R; ++r) {
+      const float pj = scores[size_t(r) * n + (j - j0)];
+      float* ar = acc.data() + size_t(r) * D;
+#pragma omp simd
+      for (int32_t d = 0; d < D; ++d) ar[d] += pj * row[d];
+    }
+  }
+  for (int32_t r = 0; r < R; ++r)
+    std::copy_n(acc.data() + size_t(r) * D, D, p.partial_acc + (base + int64_t(r) * p.num_splits) * D);
+}
+
+template <class T, class ParallelFor>
+void block_diffusion_attention_cpu(const BlockAttnParams<T>& p, const ParallelFor& parallel_for) {
+  const int32_t D = p.head_dim, R = p.rows();
+  const int64_t tasks = int64_t(p.batch) * p.num_kv_heads * p.num_splits;
+  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> q(size_t(R) * D), scores(size_t(R) * p.split_keys), row(D), acc(size_t(R) * D);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t s = int32_t(t % p.num_splits);
+      const int64_t bh = t / p.num_splits;
+      block_attn_split_cpu(p, int32_t(bh / p.num_kv_heads), int32_t(bh % p.num_kv_heads), s, q, scores, row, acc);
+    }
+  });
+  parallel_for(0, int64_t(p.batch) * p.num_kv_heads * R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t t = r0; t < r1; ++t) {
+      const int32_t r = int32_t(t % R);
+      const int64_t bh = t / R;
+      block_attn_combine_row(p, int32_t(bh / p.num_kv_heads), int32_t(bh % p.num_kv_heads), r, 0, 1);
+    }
+  });
+}
+
+}  // namespace flashspark::cpu
