@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "flashspark/cpu/vec.h"
 #include "flashspark/dflash.h"
 
 namespace flashspark::cpu {
@@ -47,38 +48,34 @@ InjectError inject_check(const InjectParams<T>& p) {
 }
 
 // One split of keys [j0, j1) for all query rows of (b, h): scores, a local
-// softmax, and the unnormalized P.V, written as a partial (m, l, acc).
+// softmax, and the unnormalized P.V, written as a partial (m, l, acc). Both
+// products are written as axpy loops over contiguous memory (K transposed into
+// `kt` first), which compilers vectorize without reassociating a reduction.
 template <class T>
-void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t s, std::vector<float>& q,
-                          std::vector<float>& scores, std::vector<float>& row, std::vector<float>& acc) {
+void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t s, std::vector<float>& kt,
+                          std::vector<float>& scores, std::vector<float>& acc) {
   const int32_t D = p.head_dim, R = p.rows(), ctx = p.ctx_lens[b];
   const int32_t j0 = s * p.split_keys, j1 = std::min(ctx + p.gamma, j0 + p.split_keys), n = j1 - j0;
   const int64_t base = block_attn_partial_index(p, b, h, 0, s);
+  float* ml = p.partial_ml;
   if (n <= 0) {
     for (int32_t r = 0; r < R; ++r) {
-      p.partial_ml[2 * (base + int64_t(r) * p.num_splits)] = kNegInf;
-      p.partial_ml[2 * (base + int64_t(r) * p.num_splits) + 1] = 0.f;
+      ml[2 * (base + int64_t(r) * p.num_splits)] = kNegInf;
+      ml[2 * (base + int64_t(r) * p.num_splits) + 1] = 0.f;
     }
     return;
   }
-  for (int32_t r = 0; r < R; ++r) {
-    const T* qr = block_attn_query(p, b, h, r);
-    for (int32_t d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(qr[d]) * p.scale;
-  }
   for (int32_t j = j0; j < j1; ++j) {
     const T* kj = block_attn_key(p, b, h, ctx, j);
-    for (int32_t d = 0; d < D; ++d) row[d] = to_float(kj[d]);
-    for (int32_t r = 0; r < R; ++r) {
-      const float* qr = q.data() + size_t(r) * D;
-      float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-      for (int32_t d = 0; d < D; ++d) dot += qr[d] * row[d];
-      scores[size_t(r) * n + (j - j0)] = dot;
-    }
+    for (int32_t d = 0; d < D; ++d) kt[size_t(d) * n + (j - j0)] = to_float(kj[d]);
   }
-  std::fill(acc.begin(), acc.begin() + size_t(R) * D, 0.f);
   for (int32_t r = 0; r < R; ++r) {
+    const T* qr = block_attn_query(p, b, h, r);
     float* sr = scores.data() + size_t(r) * n;
+    std::fill_n(sr, n, 0.f);
+    for (int32_t d = 0; d < D; ++d) {
+      axpy(n, to_float(qr[d]) * p.scale, kt.data() + size_t(d) * n, sr);
+    }
     float m = kNegInf;
     for (int32_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
     float l = 0.f;
@@ -86,17 +83,16 @@ void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int
       sr[j] = expf(sr[j] - m);
       l += sr[j];
     }
-    p.partial_ml[2 * (base + int64_t(r) * p.num_splits)] = m;
-    p.partial_ml[2 * (base + int64_t(r) * p.num_splits) + 1] = l;
+    ml[2 * (base + int64_t(r) * p.num_splits)] = m;
+    ml[2 * (base + int64_t(r) * p.num_splits) + 1] = l;
   }
+  std::fill(acc.begin(), acc.begin() + size_t(R) * D, 0.f);
   for (int32_t j = j0; j < j1; ++j) {
     const T* vj = block_attn_value(p, b, h, ctx, j);
+    float* row = kt.data();  // K is no longer needed: reuse its buffer for V_j
     for (int32_t d = 0; d < D; ++d) row[d] = to_float(vj[d]);
     for (int32_t r = 0; r < R; ++r) {
-      const float pj = scores[size_t(r) * n + (j - j0)];
-      float* ar = acc.data() + size_t(r) * D;
-#pragma omp simd
-      for (int32_t d = 0; d < D; ++d) ar[d] += pj * row[d];
+      axpy(D, scores[size_t(r) * n + (j - j0)], row, acc.data() + size_t(r) * D);
     }
   }
   for (int32_t r = 0; r < R; ++r)
@@ -108,11 +104,11 @@ void block_diffusion_attention_cpu(const BlockAttnParams<T>& p, const ParallelFo
   const int32_t D = p.head_dim, R = p.rows();
   const int64_t tasks = int64_t(p.batch) * p.num_kv_heads * p.num_splits;
   parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> q(size_t(R) * D), scores(size_t(R) * p.split_keys), row(D), acc(size_t(R) * D);
+    std::vector<float> kt(size_t(D) * p.split_keys), scores(size_t(R) * p.split_keys), acc(size_t(R) * D);
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t s = int32_t(t % p.num_splits);
       const int64_t bh = t / p.num_splits;
-      block_attn_split_cpu(p, int32_t(bh / p.num_kv_heads), int32_t(bh % p.num_kv_heads), s, q, scores, row, acc);
+      block_attn_split_cpu(p, int32_t(bh / p.num_kv_heads), int32_t(bh % p.num_kv_heads), s, kt, scores, acc);
     }
   });
   parallel_for(0, int64_t(p.batch) * p.num_kv_heads * R, 16, [&](int64_t r0, int64_t r1) {

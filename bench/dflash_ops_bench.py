@@ -1,0 +1,168 @@
+"""Benchmark of the DFlash drafter ops, side by side in one run on the same inputs:
+
+  block_diffusion_attention  vs  the unfused path (gather context + cat block +
+                                 scaled_dot_product_attention)  and the reference
+  inject_context_kv          vs  the unfused path (RMSNorm, RoPE, indexed writes)
+
+Reports median times, ratios, and effective GB/s over the bytes each op must
+touch. Prints a table and writes JSON.
+
+    python bench/dflash_ops_bench.py [--device cuda] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import flashspark
+from flashspark.reference import block_diffusion_attention_reference, inject_context_kv_reference, rope_cos_sin_cache
+
+
+def median_time(fn, repeats, device):
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def unfused_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
+    """What a drafter does without the op: per request, slice its context,
+    append the block, and call SDPA (no mask). ctx_lens is read on the host."""
+    lens = ctx_lens.tolist()
+    outs = []
+    for b, n in enumerate(lens):
+        keys = torch.cat([k_cache[b, :, :n], k_block[b].transpose(0, 1)], dim=1)
+        vals = torch.cat([v_cache[b, :, :n], v_block[b].transpose(0, 1)], dim=1)
+        outs.append(F.scaled_dot_product_attention(q[b].transpose(0, 1)[None], keys[None], vals[None], scale=scale,
+                                                   enable_gqa=True)[0].transpose(0, 1))
+    return torch.stack(outs)
+
+
+def unfused_inject(k, v, positions, slots, weight, cos_sin, eps, k_cache, v_cache):
+    kf = k.float()
+    kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * weight
+    half = k.shape[-1] // 2
+    cs = cos_sin[positions]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    x1, x2 = kf[..., :half], kf[..., half:]
+    k_cache[slots.long(), :, positions] = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(k_cache.dtype)
+    v_cache[slots.long(), :, positions] = v
+
+
+def bench_attention(batch, ctx, gamma, hq, hkv, dim, dtype, device, repeats):
+    g = torch.Generator().manual_seed(0)
+    max_len = ctx + 16
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(dtype).to(device)
+
+    args = (rnd(batch, gamma, hq, dim), rnd(batch, hkv, max_len, dim), rnd(batch, hkv, max_len, dim),
+            torch.full((batch,), ctx, dtype=torch.int32, device=device), rnd(batch, gamma, hkv, dim),
+            rnd(batch, gamma, hkv, dim))
+    scale = dim ** -0.5
+    t_op = median_time(lambda: flashspark.ops.block_diffusion_attention(*args, scale), repeats, device)
+    t_unfused = median_time(lambda: unfused_attention(*args, scale), repeats, device)
+    t_ref = median_time(lambda: block_diffusion_attention_reference(*args, scale), max(1, repeats // 4), device)
+    err = (flashspark.ops.block_diffusion_attention(*args, scale).float()
+           - block_diffusion_attention_reference(*args, scale).float()).abs().max().item()
+    elem = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = elem * (2 * batch * hkv * (ctx + gamma) * dim + 2 * batch * gamma * hq * dim)
+    return dict(op="block_diffusion_attention", batch=batch, ctx=ctx, gamma=gamma, hq=hq, hkv=hkv, dim=dim,
+                dtype=str(dtype).replace("torch.", ""), op_ms=t_op * 1e3, unfused_ms=t_unfused * 1e3,
+                ref_ms=t_ref * 1e3, unfused_over_op=t_unfused / t_op, ref_over_op=t_ref / t_op,
+                op_gbs=bytes_moved / t_op * 1e-9, max_abs_err_vs_ref=err)
+
+
+def bench_inject(n, batch, hkv, dim, dtype, device, repeats):
+    g = torch.Generator().manual_seed(1)
+    max_len = max(64, n // batch + 8)
+    k = torch.randn(n, hkv, dim, generator=g).to(dtype).to(device)
+    v = torch.randn(n, hkv, dim, generator=g).to(dtype).to(device)
+    flat = torch.randperm(batch * max_len, generator=g)[:n]
+    slots = (flat // max_len).to(torch.int32).to(device)
+    positions = (flat % max_len).to(device)
+    weight = torch.ones(dim, device=device)
+    cs = rope_cos_sin_cache(max_len, dim, 1e6).to(device)
+    kc = torch.zeros(batch, hkv, max_len, dim, dtype=dtype, device=device)
+    vc = torch.zeros_like(kc)
+    args = (k, v, positions, slots, weight, cs, 1e-6, kc, vc)
+    t_op = median_time(lambda: flashspark.ops.inject_context_kv(*args), repeats, device)
+    t_unfused = median_time(lambda: unfused_inject(*args), repeats, device)
+    t_ref = median_time(lambda: inject_context_kv_reference(*args), max(1, repeats // 4), device)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    bytes_moved = elem * 4 * n * hkv * dim  # read k, v; write k, v
+    return dict(op="inject_context_kv", n=n, batch=batch, hkv=hkv, dim=dim, dtype=str(dtype).replace("torch.", ""),
+                op_ms=t_op * 1e3, unfused_ms=t_unfused * 1e3, ref_ms=t_ref * 1e3,
+                unfused_over_op=t_unfused / t_op, ref_over_op=t_ref / t_op, op_gbs=bytes_moved / t_op * 1e-9)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    repeats = args.repeats or (5 if args.quick else 20)
+    dtypes = [torch.float32] if device.type == "cpu" else [torch.bfloat16, torch.float16]
+    # Shapes: the embedded drafter (4 heads, 2 KV heads, D 64, γ 8) and a Qwen3-8B-sized
+    # DFlash drafter layer (32 query heads, 8 KV heads, D 128, γ 16).
+    attn_grid = [(1, 512, 8, 4, 2, 64), (8, 512, 8, 4, 2, 64), (1, 4096, 16, 32, 8, 128)]
+    if not args.quick:
+        attn_grid += [(32, 1024, 8, 4, 2, 64), (8, 4096, 16, 32, 8, 128), (32, 8192, 16, 32, 8, 128)]
+    inject_grid = [(64, 8, 2, 64), (512, 32, 8, 128)] + ([] if args.quick else [(4096, 64, 8, 128)])
+    rows = []
+    print(f"DFlash ops on {device}: op vs unfused PyTorch vs reference (median ms)")
+    head = f"{'op':<26} {'shape':<34} {'dtype':>8} | {'op':>8} {'unfused':>8} {'ref':>8} | {'unf/op':>6} {'GB/s':>7}"
+    print(head)
+    print("-" * len(head))
+    for dtype in dtypes:
+        for shape in attn_grid:
+            if device.type == "cpu" and shape[1] > 4096 and args.quick:
+                continue
+            r = bench_attention(*shape, dtype, device, repeats)
+            rows.append(r)
+            desc = f"B{r['batch']} ctx{r['ctx']} γ{r['gamma']} H{r['hq']}/{r['hkv']} D{r['dim']}"
+            print(f"{r['op']:<26} {desc:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
+                  f"{r['ref_ms']:>8.2f} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+        for shape in inject_grid:
+            r = bench_inject(*shape, dtype, device, repeats)
+            rows.append(r)
+            desc = f"N{r['n']} B{r['batch']} Hkv{r['hkv']} D{r['dim']}"
+            print(f"{r['op']:<26} {desc:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
+                  f"{r['ref_ms']:>8.2f} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+    result = dict(
+        benchmark="dflash_ops",
+        command=" ".join(["python", "bench/dflash_ops_bench.py"] + (argv if argv is not None else sys.argv[1:])),
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        hardware=dict(machine=platform.machine(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
+        torch=torch.__version__, device=str(device), rows=rows)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   f"dflash_ops_bench_{device.type}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {os.path.relpath(out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+// Small vector loops of the CPU kernels, compiled for several instruction
+// sets with the best picked at load time (GCC/Clang target_clones), so a
+// portable build still runs AVX2/AVX-512 code where the CPU has it.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FS_CPU_CLONES
+#endif
+
+namespace flashspark::cpu {
+
+// y[i] += a * x[i]
+FS_CPU_CLONES static void axpy(int64_t n, float a, const float* __restrict x, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace flashspark::cpu
