@@ -3,7 +3,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "dflash2_args.h"
 #include "dflash_args.h"
+#include "flashspark/cpu/dflash2.h"
 #include "flashspark/cpu/dflash.h"
 #include "flashspark/cpu/verify.h"
 #include "verify_args.h"
@@ -74,10 +76,48 @@ void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::T
   });
 }
 
+at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const at::Tensor& delta, int64_t block_size,
+                            const std::optional<at::Tensor>& cu_blocks, const std::optional<at::Tensor>& residual) {
+  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual);
+  check_cu_blocks_values(a);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  dispatch_float(x.scalar_type(), [&]<class T>() { cpu::two_tap_conv_cpu(make_two_tap_params<T>(a, out), AtenParallelFor{}); });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor& logits, int64_t k) {
+  const TopKArgs a = check_topk_args(logits, k);
+  at::Tensor values = at::empty(a.out_shape, logits.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty(a.out_shape, logits.options().dtype(at::kInt));
+  at::Tensor lse = at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
+  dispatch_float(logits.scalar_type(), [&]<class T>() {
+    cpu::topk_select_cpu(make_topk_params<T>(a, values, ids, lse), AtenParallelFor{});
+  });
+  return {values, ids, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
+    const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
+    const at::Tensor& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
+    const at::Tensor& seeds, const at::Tensor& offsets) {
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets);
+  PathOutputs o = empty_path_outputs(a);
+  dispatch_float(a_emb.scalar_type(), [&]<class T>() {
+    const PathParams<T> p = make_path_params<T>(a, o);
+    const PathError e = cpu::path_check(p);
+    TORCH_CHECK(e == PathError::kOk, "flashspark.path_select: ", path_error_message(e));
+    cpu::path_select_cpu(p, AtenParallelFor{});
+  });
+  return {o.tokens, o.choice, o.scores, o.q};
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CPU, m) {
+  m.impl("two_tap_conv", &flashspark::binding::two_tap_conv_cpu);
+  m.impl("topk_select", &flashspark::binding::topk_select_cpu);
+  m.impl("path_select", &flashspark::binding::path_select_cpu);
   m.impl("block_diffusion_attention", &flashspark::binding::block_diffusion_attention_cpu);
   m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cpu);
   m.impl("verify", &flashspark::binding::verify_cpu);

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "flashspark/cuda/launch.h"
+#include "dflash2_args.h"
 #include "dflash_args.h"
 #include "verify_args.h"
 
@@ -70,10 +71,52 @@ void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::
   });
 }
 
+at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const at::Tensor& delta, int64_t block_size,
+                             const std::optional<at::Tensor>& cu_blocks, const std::optional<at::Tensor>& residual) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual);
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(x.scalar_type(), [&]<class T>() {
+    check_cuda(cuda::launch_two_tap_conv<T>(make_two_tap_params<T>(a, out), stream), "two_tap_conv");
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cuda(const at::Tensor& logits, int64_t k) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const TopKArgs a = check_topk_args(logits, k);
+  at::Tensor values = at::empty(a.out_shape, logits.options().dtype(at::kFloat));
+  at::Tensor ids = at::empty(a.out_shape, logits.options().dtype(at::kInt));
+  at::Tensor lse = at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(logits.scalar_type(), [&]<class T>() {
+    check_cuda(cuda::launch_topk_select<T>(make_topk_params<T>(a, values, ids, lse), stream), "topk_select");
+  });
+  return {values, ids, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
+    const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
+    const at::Tensor& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
+    const at::Tensor& seeds, const at::Tensor& offsets) {
+  const c10::cuda::CUDAGuard guard(cand_ids.device());
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets);
+  PathOutputs o = empty_path_outputs(a);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(a_emb.scalar_type(), [&]<class T>() {
+    check_cuda(cuda::launch_path_select<T>(make_path_params<T>(a, o), stream), "path_select");
+  });
+  return {o.tokens, o.choice, o.scores, o.q};
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CUDA, m) {
+  m.impl("two_tap_conv", &flashspark::binding::two_tap_conv_cuda);
+  m.impl("topk_select", &flashspark::binding::topk_select_cuda);
+  m.impl("path_select", &flashspark::binding::path_select_cuda);
   m.impl("block_diffusion_attention", &flashspark::binding::block_diffusion_attention_cuda);
   m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cuda);
   m.impl("verify", &flashspark::binding::verify_cuda);

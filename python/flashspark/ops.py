@@ -18,7 +18,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["verify", "verify_out", "block_diffusion_attention", "inject_context_kv"]
+__all__ = [
+    "verify", "verify_out", "block_diffusion_attention", "inject_context_kv", "two_tap_conv", "topk_select",
+    "path_select",
+]
 
 
 def verify(
@@ -189,3 +192,116 @@ def _block_diffusion_attention_fake(q, k_cache, v_cache, ctx_lens, k_block, v_bl
 @torch.library.register_fake("flashspark::inject_context_kv")
 def _inject_context_kv_fake(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache):
     return None
+
+
+# ---------------------------------------------------------------- DFlash 2
+
+
+def two_tap_conv(
+    x: torch.Tensor,
+    base: torch.Tensor,
+    delta: torch.Tensor,
+    block_size: int = 0,
+    cu_blocks: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """DFlash 2 two-tap dynamic depthwise conv (one pass over x).
+
+    ``out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
+    + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]`` (+ ``residual[t, c]``),
+    with ``x[t - 1] = 0`` at the first row of each block.
+
+    Args:
+      x: ``[..., T, C]`` fp32/bf16/fp16; rows are x flattened to ``[N, C]``.
+      base: ``[2, C]`` static taps (identity init: base[0] = 1, base[1] = 0).
+      delta: ``[..., 2, ceil(C / 16)]`` dynamic taps, one row per row of x,
+        shared by groups of 16 channels.
+      block_size: rows per block when ``cu_blocks`` is None (row t starts a
+        block when ``t % block_size == 0``).
+      cu_blocks: ``[num_blocks + 1]`` int32 row offsets of ragged blocks.
+      residual: optional ``[..., T, C]`` added to the output (fused residual).
+
+    Returns x's shape and dtype. Inference op (no autograd): training uses the
+    reference, which computes the same function.
+    """
+    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual)
+
+
+def topk_select(logits: torch.Tensor, k: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-K candidates per row with the log-softmax normalizer, in one pass.
+
+    Args:
+      logits: ``[..., V]`` fp32/bf16/fp16 (rows may be strided). V up to 2^31.
+      k: 1 <= k <= 16.
+
+    Returns ``(values [..., k] fp32, ids [..., k] int32, lse [...] fp32)``: the k
+    largest logits in descending order (ties: lower id first) and the row's
+    log-sum-exp, so ``values - lse[..., None]`` are the candidates' log-probs.
+    """
+    return torch.ops.flashspark.topk_select(logits, k)
+
+
+def path_select(
+    cand_ids: torch.Tensor,
+    unary: torch.Tensor,
+    a_emb: torch.Tensor,
+    b_emb: torch.Tensor,
+    g: torch.Tensor,
+    anchor: torch.Tensor,
+    *,
+    mode: str = "backtrack",
+    temperature: Optional[torch.Tensor] = None,
+    seeds: Optional[torch.Tensor] = None,
+    offsets: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DFlash 2 path selector over the K-wide candidate lattice of a block.
+
+    Transition score from candidate a at position t-1 to candidate b at t:
+    ``S_t(a, b) = unary[t, b] + <a_emb[cand[t-1, a]] * g[t], b_emb[cand[t, b]]>``;
+    the anchor token is the predecessor at t = 0.
+
+    Args:
+      cand_ids: ``[R, P, K]`` int32/int64 candidate ids per request and position.
+      unary: ``[R, P, K]`` fp32 unary scores (e.g. Top-K logits or log-probs).
+      a_emb, b_emb: ``[V, r]`` selector factors; g: ``[R, P, r]`` = W_h h_t (same dtype).
+      anchor: ``[R]`` int32/int64 last committed token per request.
+      mode: ``"backtrack"`` (max-score path by DP and backtracking),
+        ``"greedy"`` (left to right), or ``"sample"`` (left to right, sampled at
+        ``temperature`` with Philox; temperature 0 means greedy).
+      temperature, seeds, offsets: ``[R]`` fp32 / int64 / int64 (sample mode;
+        defaults: 1, 0, 0). Position t draws at ``offsets[r] + t``.
+
+    Returns ``(tokens [R, P] int32, choice [R, P] int32, scores [R, P, K] fp32,
+    q [R, P, K] fp32)``: the chosen token and its index among the candidates,
+    the score row S_t(chosen predecessor, ·), and the draft distribution over
+    the K candidates (softmax(scores / T) in sample mode, one-hot otherwise) to
+    pass to ``verify`` as sparse q with ``cand_ids``.
+    """
+    r = cand_ids.shape[0]
+    dev = cand_ids.device
+    if temperature is None:
+        temperature = torch.ones(r, device=dev)
+    if seeds is None:
+        seeds = torch.zeros(r, dtype=torch.int64, device=dev)
+    if offsets is None:
+        offsets = torch.zeros(r, dtype=torch.int64, device=dev)
+    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets)
+
+
+@torch.library.register_fake("flashspark::two_tap_conv")
+def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("flashspark::topk_select")
+def _topk_select_fake(logits, k):
+    shape = logits.shape[:-1]
+    return (logits.new_empty(shape + (k,), dtype=torch.float32), logits.new_empty(shape + (k,), dtype=torch.int32),
+            logits.new_empty(shape, dtype=torch.float32))
+
+
+@torch.library.register_fake("flashspark::path_select")
+def _path_select_fake(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets):
+    r, p, k = cand_ids.shape
+    return (cand_ids.new_empty((r, p), dtype=torch.int32), cand_ids.new_empty((r, p), dtype=torch.int32),
+            unary.new_empty((r, p, k), dtype=torch.float32), unary.new_empty((r, p, k), dtype=torch.float32))

@@ -223,3 +223,102 @@ def inject_context_kv_reference(
     slots_l, pos_l = slots.long(), positions.long()
     k_cache[slots_l, :, pos_l] = roped.to(k_cache.dtype)
     v_cache[slots_l, :, pos_l] = v.to(v_cache.dtype)
+
+
+# ---------------------------------------------------------------- DFlash 2: conv, Top-K, path selection
+
+CONV_GROUP = 16
+
+
+def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None):
+    """Oracle of :func:`flashspark.ops.two_tap_conv`.
+
+    out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
+              + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]  (zero at a block's first row)
+              (+ residual[t, c]); rows t run over x flattened to [N, C].
+    """
+    shape = x.shape
+    channels = shape[-1]
+    xf = x.reshape(-1, channels).float()
+    rows = xf.shape[0]
+    groups = (channels + CONV_GROUP - 1) // CONV_GROUP
+    d = delta.reshape(rows, 2, groups).float().repeat_interleave(CONV_GROUP, dim=-1)[..., :channels]
+    taps = base.float()[None] + d  # [N, 2, C]
+    left = torch.cat([torch.zeros(1, channels, device=x.device), xf[:-1]], dim=0)
+    if cu_blocks is not None:
+        first = torch.zeros(rows, dtype=torch.bool, device=x.device)
+        starts = cu_blocks.long()[:-1]
+        first[starts[starts < rows]] = True
+    else:
+        first = torch.arange(rows, device=x.device) % block_size == 0
+    left = torch.where(first[:, None], torch.zeros_like(left), left)
+    out = taps[:, 0] * xf + taps[:, 1] * left
+    if residual is not None:
+        out = out + residual.reshape(-1, channels).float()
+    return out.to(x.dtype).reshape(shape)
+
+
+def topk_select_reference(logits, k):
+    """Oracle of :func:`flashspark.ops.topk_select`: the k largest logits per row
+    (descending, ties to the lower id) as fp32, their int32 ids, and the row's
+    log-sum-exp."""
+    lf = logits.float()
+    values, ids = torch.sort(lf, dim=-1, descending=True, stable=True)  # stable: lower id first on ties
+    return values[..., :k].contiguous(), ids[..., :k].to(torch.int32).contiguous(), torch.logsumexp(lf, dim=-1)
+
+
+def path_pair_scores_reference(cand_ids, unary, a_emb, b_emb, g, prev_tokens, t):
+    """S_t(a, b) = U_t(b) + <A[prev_a] * g_t, B[cand_t(b)]> for every listed predecessor a."""
+    ag = a_emb.float()[prev_tokens.long()] * g.float()[t]  # [n_prev, r]
+    return unary[t].float()[None, :] + ag @ b_emb.float()[cand_ids[t].long()].T
+
+
+def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets):
+    """Oracle of :func:`flashspark.ops.path_select` (plain loops over requests and positions)."""
+    requests, positions, k = cand_ids.shape
+    tokens = torch.empty(requests, positions, dtype=torch.int32)
+    choice = torch.empty(requests, positions, dtype=torch.int32)
+    scores = torch.empty(requests, positions, k)
+    q = torch.zeros(requests, positions, k)
+    for r in range(requests):
+        cid, un, gr = cand_ids[r].cpu(), unary[r].cpu(), g[r].cpu()
+        anchor_r = anchor[r: r + 1].cpu()
+        if mode == "backtrack":
+            lattice = [path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr,
+                                                  anchor_r if t == 0 else cid[t - 1], t) for t in range(positions)]
+            best = lattice[0][0].clone()
+            back = []
+            for t in range(1, positions):
+                total = best[:, None] + lattice[t]  # [a, b]
+                best, arg = total.max(dim=0)  # ties: the lowest a
+                back.append(arg)
+            c = int(best.argmax())
+            path = [c]
+            for arg in reversed(back):
+                c = int(arg[c])
+                path.append(c)
+            path.reverse()
+            for t, c in enumerate(path):
+                scores[r, t] = lattice[t][0 if t == 0 else path[t - 1]]
+                q[r, t, c] = 1.0
+                choice[r, t] = c
+            continue
+        prev = anchor_r
+        temp = float(temperature[r])
+        for t in range(positions):
+            row = path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr, prev, t)[0]
+            scores[r, t] = row
+            if mode == "sample" and temp > 0:
+                logp = torch.log_softmax(row * (1.0 / temp), dim=-1)
+                q[r, t] = logp.exp()
+                noise = gumbel(philox_u32(_to_int(seeds[r]), _to_int(offsets[r]) + t, PURPOSE_PATH, torch.arange(k)))
+                c = int((logp + noise).argmax())
+            else:
+                c = int(row.argmax())
+                q[r, t, c] = 1.0
+            choice[r, t] = c
+            prev = cid[t, c: c + 1]
+    for r in range(requests):
+        tokens[r] = cand_ids[r].cpu().gather(-1, choice[r].long()[:, None]).squeeze(-1).int()
+    device = cand_ids.device
+    return tokens.to(device), choice.to(device), scores.to(device), q.to(device)

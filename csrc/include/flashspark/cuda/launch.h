@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashspark/dflash.h"
+#include "flashspark/dflash2.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::cuda {
@@ -18,5 +19,14 @@ cudaError_t launch_inject_context_kv(const InjectParams<T>& p, cudaStream_t stre
 
 template <class T>
 cudaError_t launch_block_diffusion_attention(const BlockAttnParams<T>& p, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_topk_select(const TopKParams<T>& p, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_path_select(const PathParams<T>& p, cudaStream_t stream);
 
 }  // namespace flashspark::cuda

@@ -1,0 +1,129 @@
+// CUDA kernels of the DFlash 2 ops.
+//   two_tap_conv: one thread per (row, 4 channels), 4-wide vectorized loads of x.
+//   topk_select: one block per row; per-thread Top-K lists + online softmax,
+//                merged by a CUB BlockReduce with the same merge as the CPU.
+//   path_select: one block per request; threads share the K x K pair scores,
+//                the leader runs the DP / greedy / sampled step.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+
+#include "flashspark/cuda/common.cuh"
+#include "flashspark/cuda/launch.h"
+#include "flashspark/dflash2.h"
+
+namespace flashspark::cuda {
+
+constexpr int kConvThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams<T> p) {
+  const int64_t quads = ceil_div(p.channels, 4);
+  const int64_t idx = int64_t(blockIdx.x) * kConvThreads + threadIdx.x;
+  if (idx >= p.rows * quads) return;
+  const int64_t t = idx / quads;
+  const int32_t c0 = int32_t(idx % quads) * 4;
+  const bool first = conv_first_in_block(p, t);
+  const T* x = p.x + t * p.x_stride;
+  float cur[4], left[4] = {0.f, 0.f, 0.f, 0.f};
+  load4(x, c0, p.channels, aligned4(x), cur);
+  if (!first) load4(x - p.x_stride, c0, p.channels, aligned4(x - p.x_stride), left);
+  const int32_t G = p.groups();
+  const T* d = p.delta + t * 2 * G;
+  T* out = p.out + t * p.channels;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int32_t c = c0 + j;
+    if (c >= p.channels) break;
+    const int32_t g = c / kConvGroup;
+    float y = (to_float(p.base[c]) + to_float(d[g])) * cur[j];
+    if (!first) y += (to_float(p.base[p.channels + c]) + to_float(d[G + g])) * left[j];
+    if (p.residual) y += to_float(p.residual[t * p.res_stride + c]);
+    out[c] = from_float<T>(y);
+  }
+}
+
+template <class T>
+cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
+  const int64_t work = p.rows * ceil_div(p.channels, 4);
+  if (work == 0) return cudaSuccess;
+  two_tap_conv_kernel<T><<<unsigned(ceil_div(work, kConvThreads)), kConvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+constexpr int kTopKThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kTopKThreads) topk_select_kernel(TopKParams<T> p) {
+  using Reduce = cub::BlockReduce<TopKState, kTopKThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const int64_t r = blockIdx.x;
+  const T* row = p.logits + r * p.row_stride;
+  const bool vec_ok = aligned4(row);
+  TopKState s = topk_state_identity(p.k);
+  for (int64_t base = 4 * int64_t(threadIdx.x); base < p.vocab; base += 4 * kTopKThreads) {
+    float v[4];
+    load4(row, base, p.vocab, vec_ok, v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (base + j < p.vocab) topk_state_add(s, v[j], int32_t(base + j));
+  }
+  s = Reduce(temp).Reduce(s, TopKMergeOp{});
+  if (threadIdx.x == 0) topk_write(s, p.out_values + r * p.k, p.out_ids + r * p.k, p.out_lse + r);
+}
+
+template <class T>
+cudaError_t launch_topk_select(const TopKParams<T>& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  topk_select_kernel<T><<<unsigned(p.rows), kTopKThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+constexpr int kPathThreads = 256;
+
+template <class T>
+struct PathBlockBackend {
+  const PathParams<T>& p;
+  int32_t* slot;  // shared broadcast slot
+
+  __device__ bool leader() const { return threadIdx.x == 0; }
+
+  __device__ int32_t broadcast(int32_t v) const {
+    if (threadIdx.x == 0) *slot = v;
+    __syncthreads();
+    const int32_t out = *slot;
+    __syncthreads();
+    return out;
+  }
+
+  __device__ void pair_scores(int64_t rt, const int32_t* prev, int32_t n_prev, float* out) const {
+    const int32_t* cand = p.cand_ids + rt * p.k;
+    const float* unary = p.unary + rt * p.k;
+    for (int32_t idx = threadIdx.x; idx < n_prev * p.k; idx += blockDim.x) {
+      const int32_t a = idx / p.k, b = idx % p.k;
+      out[idx] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
+    }
+    __syncthreads();  // the lattice rows are read by the leader next
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kPathThreads) path_select_kernel(PathParams<T> p) {
+  __shared__ int32_t slot;
+  const int32_t r = blockIdx.x;
+  if (threadIdx.x == 0) {
+    const PathError e = path_check_request(p, r);
+    if (e != PathError::kOk) device_fail("path_select", int(e), r);
+  }
+  PathBlockBackend<T> backend{p, &slot};
+  path_request(p, r, backend);
+}
+
+template <class T>
+cudaError_t launch_path_select(const PathParams<T>& p, cudaStream_t stream) {
+  if (p.requests == 0 || p.positions == 0) return cudaSuccess;
+  path_select_kernel<T><<<unsigned(p.requests), kPathThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashspark::cuda

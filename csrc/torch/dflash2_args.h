@@ -1,0 +1,247 @@
+// Argument checking and parameter assembly for the DFlash 2 ops
+// (two_tap_conv, topk_select, path_select), shared by CPU and CUDA.
+#pragma once
+
+#include <string>
+
+#include "checks.h"
+#include "flashspark/dflash2.h"
+
+namespace flashspark::binding {
+
+struct TwoTapArgs {
+  at::Tensor x, base, delta, residual, cu_blocks;
+  int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0;
+};
+
+inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base, const at::Tensor& delta,
+                                     int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
+                                     const std::optional<at::Tensor>& residual) {
+  constexpr const char* op = "two_tap_conv";
+  TwoTapArgs a;
+  check_float_dtype(x, op, "x");
+  TORCH_CHECK(x.dim() >= 2, "flashspark.two_tap_conv: argument 'x' must be [..., T, C] (rank >= 2), got ", x.dim(), "-D");
+  a.channels = x.size(-1);
+  a.x = inner_contiguous(x).reshape({-1, a.channels});
+  a.rows = a.x.size(0);
+  const int64_t groups = ceil_div(a.channels, kConvGroup);
+  check_device(base, x, op, "base");
+  check_device(delta, x, op, "delta");
+  check_dtype(base, x.scalar_type(), op, "base");
+  check_dtype(delta, x.scalar_type(), op, "delta");
+  TORCH_CHECK(base.dim() == 2 && base.size(0) == 2 && base.size(1) == a.channels, "flashspark.two_tap_conv: argument ",
+              "'base' must have shape [2, ", a.channels, "], got ", base.sizes());
+  TORCH_CHECK(delta.numel() == a.rows * 2 * groups && delta.size(-1) == groups && delta.size(-2) == 2,
+              "flashspark.two_tap_conv: argument 'delta' must have shape [..., 2, ", groups, "] with one row per row of x (",
+              a.rows, "), got ", delta.sizes());
+  a.base = base.contiguous();
+  a.delta = delta.contiguous();
+  if (residual.has_value()) {
+    check_device(*residual, x, op, "residual");
+    check_dtype(*residual, x.scalar_type(), op, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes(), "flashspark.two_tap_conv: argument 'residual' must have the shape of x ",
+                x.sizes(), ", got ", residual->sizes());
+    a.residual = inner_contiguous(*residual).reshape({-1, a.channels});
+  }
+  if (cu_blocks.has_value()) {
+    check_device(*cu_blocks, x, op, "cu_blocks");
+    check_dim(*cu_blocks, 1, op, "cu_blocks");
+    TORCH_CHECK(cu_blocks->numel() >= 2, "flashspark.two_tap_conv: argument 'cu_blocks' needs at least 2 offsets");
+    a.cu_blocks = as_index(*cu_blocks, at::kInt, op, "cu_blocks");
+    a.num_blocks = cu_blocks->numel() - 1;
+  } else {
+    TORCH_CHECK(block_size > 0, "flashspark.two_tap_conv: argument 'block_size' must be > 0 when 'cu_blocks' is not ",
+                "given, got ", block_size);
+  }
+  a.block_size = block_size;
+  return a;
+}
+
+template <class T>
+TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out) {
+  TwoTapParams<T> p;
+  p.x = reinterpret_cast<const T*>(a.x.const_data_ptr());
+  p.x_stride = a.x.stride(0);
+  p.base = reinterpret_cast<const T*>(a.base.const_data_ptr());
+  p.delta = reinterpret_cast<const T*>(a.delta.const_data_ptr());
+  if (a.residual.defined()) {
+    p.residual = reinterpret_cast<const T*>(a.residual.const_data_ptr());
+    p.res_stride = a.residual.stride(0);
+  }
+  p.out = reinterpret_cast<T*>(out.mutable_data_ptr());
+  if (a.cu_blocks.defined()) p.cu_blocks = a.cu_blocks.const_data_ptr<int32_t>();
+  p.num_blocks = int32_t(a.num_blocks);
+  p.block_size = int32_t(a.block_size);
+  p.rows = a.rows;
+  p.channels = int32_t(a.channels);
+  return p;
+}
+
+// Host check of ragged block offsets (CPU tensors only).
+inline void check_cu_blocks_values(const TwoTapArgs& a) {
+  if (!a.cu_blocks.defined()) return;
+  const int32_t* cu = a.cu_blocks.const_data_ptr<int32_t>();
+  TORCH_CHECK(cu[0] == 0 && cu[a.num_blocks] == a.rows, "flashspark.two_tap_conv: argument 'cu_blocks' must start at 0 ",
+              "and end at the number of rows (", a.rows, ")");
+  for (int64_t i = 0; i < a.num_blocks; ++i)
+    TORCH_CHECK(cu[i] <= cu[i + 1], "flashspark.two_tap_conv: argument 'cu_blocks' must not decrease");
+}
+
+struct TopKArgs {
+  at::Tensor logits;
+  int64_t rows = 0, vocab = 0, k = 0;
+  std::vector<int64_t> out_shape;
+};
+
+inline TopKArgs check_topk_args(const at::Tensor& logits, int64_t k) {
+  constexpr const char* op = "topk_select";
+  TopKArgs a;
+  check_float_dtype(logits, op, "logits");
+  TORCH_CHECK(logits.dim() >= 1, "flashspark.topk_select: argument 'logits' must be [..., V]");
+  a.vocab = logits.size(-1);
+  TORCH_CHECK(a.vocab > 0 && a.vocab < (int64_t(1) << 31), "flashspark.topk_select: argument 'logits' has an empty ",
+              "or too large vocabulary");
+  TORCH_CHECK(k >= 1 && k <= kMaxTopK && k <= a.vocab, "flashspark.topk_select: argument 'k' must lie in [1, min(",
+              kMaxTopK, ", V)], got ", k);
+  a.logits = inner_contiguous(logits).reshape({-1, a.vocab});
+  a.rows = a.logits.size(0);
+  a.k = k;
+  a.out_shape = logits.sizes().vec();
+  a.out_shape.back() = k;
+  return a;
+}
+
+template <class T>
+TopKParams<T> make_topk_params(const TopKArgs& a, at::Tensor& values, at::Tensor& ids, at::Tensor& lse) {
+  TopKParams<T> p;
+  p.logits = reinterpret_cast<const T*>(a.logits.const_data_ptr());
+  p.row_stride = a.logits.stride(0);
+  p.out_values = values.mutable_data_ptr<float>();
+  p.out_ids = ids.mutable_data_ptr<int32_t>();
+  p.out_lse = lse.mutable_data_ptr<float>();
+  p.rows = a.rows;
+  p.vocab = int32_t(a.vocab);
+  p.k = int32_t(a.k);
+  return p;
+}
+
+struct PathArgs {
+  at::Tensor cand_ids, unary, a_emb, b_emb, g, anchor, temperature, seeds, offsets;
+  PathMode mode = PathMode::kBacktrack;
+  int64_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0;
+};
+
+inline PathMode parse_path_mode(const std::string& mode) {
+  if (mode == "backtrack") return PathMode::kBacktrack;
+  if (mode == "greedy") return PathMode::kGreedy;
+  if (mode == "sample") return PathMode::kSample;
+  TORCH_CHECK(false, "flashspark.path_select: argument 'mode' must be 'backtrack', 'greedy' or 'sample', got '", mode,
+              "'");
+}
+
+inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb,
+                                const at::Tensor& b_emb, const at::Tensor& g, const at::Tensor& anchor,
+                                const std::string& mode, const at::Tensor& temperature, const at::Tensor& seeds,
+                                const at::Tensor& offsets) {
+  constexpr const char* op = "path_select";
+  PathArgs a;
+  a.mode = parse_path_mode(mode);
+  check_dim(cand_ids, 3, op, "cand_ids");
+  check_dim(unary, 3, op, "unary");
+  check_dim(a_emb, 2, op, "a_emb");
+  check_dim(b_emb, 2, op, "b_emb");
+  check_dim(g, 3, op, "g");
+  check_dim(anchor, 1, op, "anchor");
+  const std::pair<const at::Tensor*, const char*> all[] = {
+      {&unary, "unary"}, {&a_emb, "a_emb"}, {&b_emb, "b_emb"}, {&g, "g"}, {&anchor, "anchor"},
+      {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
+  for (const auto& [t, name] : all) check_device(*t, cand_ids, op, name);
+  a.requests = cand_ids.size(0);
+  a.positions = cand_ids.size(1);
+  a.k = cand_ids.size(2);
+  a.vocab = a_emb.size(0);
+  a.rank = a_emb.size(1);
+  TORCH_CHECK(a.k >= 1, "flashspark.path_select: argument 'cand_ids' needs K >= 1 candidates");
+  TORCH_CHECK(unary.sizes() == cand_ids.sizes(), "flashspark.path_select: argument 'unary' must have the shape of ",
+              "cand_ids ", cand_ids.sizes(), ", got ", unary.sizes());
+  check_dtype(unary, at::kFloat, op, "unary");
+  check_float_dtype(a_emb, op, "a_emb");
+  check_dtype(b_emb, a_emb.scalar_type(), op, "b_emb");
+  check_dtype(g, a_emb.scalar_type(), op, "g");
+  TORCH_CHECK(b_emb.sizes() == a_emb.sizes(), "flashspark.path_select: argument 'b_emb' must have the shape of a_emb ",
+              a_emb.sizes(), ", got ", b_emb.sizes());
+  TORCH_CHECK(g.size(0) == a.requests && g.size(1) == a.positions && g.size(2) == a.rank,
+              "flashspark.path_select: argument 'g' must have shape [", a.requests, ", ", a.positions, ", ", a.rank,
+              "], got ", g.sizes());
+  const std::pair<const at::Tensor*, const char*> per_request[] = {
+      {&anchor, "anchor"}, {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
+  for (const auto& [t, name] : per_request) {
+    check_dim(*t, 1, op, name);
+    check_size(*t, 0, a.requests, op, name, "R");
+  }
+  check_dtype(temperature, at::kFloat, op, "temperature");
+  check_dtype(seeds, at::kLong, op, "seeds");
+  check_dtype(offsets, at::kLong, op, "offsets");
+  a.cand_ids = as_index(cand_ids, at::kInt, op, "cand_ids");
+  a.anchor = as_index(anchor, at::kInt, op, "anchor");
+  a.unary = unary.contiguous();
+  a.a_emb = a_emb.contiguous();
+  a.b_emb = b_emb.contiguous();
+  a.g = g.contiguous();
+  a.temperature = temperature.contiguous();
+  a.seeds = seeds.contiguous();
+  a.offsets = offsets.contiguous();
+  return a;
+}
+
+struct PathOutputs {
+  at::Tensor tokens, choice, scores, q, lattice, best, backptr;
+};
+
+inline PathOutputs empty_path_outputs(const PathArgs& a) {
+  const auto f = a.unary.options().dtype(at::kFloat);
+  const auto i = a.unary.options().dtype(at::kInt);
+  return {at::empty({a.requests, a.positions}, i), at::empty({a.requests, a.positions}, i),
+          at::empty({a.requests, a.positions, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
+          at::empty({a.requests, a.positions, a.k, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
+          at::empty({a.requests, a.positions, a.k}, i)};
+}
+
+template <class T>
+PathParams<T> make_path_params(const PathArgs& a, PathOutputs& o) {
+  PathParams<T> p;
+  p.cand_ids = a.cand_ids.const_data_ptr<int32_t>();
+  p.unary = a.unary.const_data_ptr<float>();
+  p.a_emb = reinterpret_cast<const T*>(a.a_emb.const_data_ptr());
+  p.b_emb = reinterpret_cast<const T*>(a.b_emb.const_data_ptr());
+  p.g = reinterpret_cast<const T*>(a.g.const_data_ptr());
+  p.anchor = a.anchor.const_data_ptr<int32_t>();
+  p.temperature = a.temperature.const_data_ptr<float>();
+  p.seeds = a.seeds.const_data_ptr<int64_t>();
+  p.offsets = a.offsets.const_data_ptr<int64_t>();
+  p.mode = a.mode;
+  p.out_tokens = o.tokens.mutable_data_ptr<int32_t>();
+  p.out_choice = o.choice.mutable_data_ptr<int32_t>();
+  p.out_scores = o.scores.mutable_data_ptr<float>();
+  p.out_q = o.q.mutable_data_ptr<float>();
+  p.lattice = o.lattice.mutable_data_ptr<float>();
+  p.best = o.best.mutable_data_ptr<float>();
+  p.backptr = o.backptr.mutable_data_ptr<int32_t>();
+  p.requests = int32_t(a.requests);
+  p.positions = int32_t(a.positions);
+  p.k = int32_t(a.k);
+  p.rank = int32_t(a.rank);
+  p.vocab = int32_t(a.vocab);
+  return p;
+}
+
+inline const char* path_error_message(PathError e) {
+  switch (e) {
+    case PathError::kOk: return "ok";
+    case PathError::kTokenRange: return "arguments 'cand_ids' / 'anchor' hold a token id outside [0, V) of a_emb";
+    case PathError::kBadTemperature: return "argument 'temperature' must be >= 0 in sample mode";
+  }
+  return "invalid input";
+}
+
+}  // namespace flashspark::binding
