@@ -5,6 +5,8 @@
 
 #include "dflash2_args.h"
 #include "dflash_args.h"
+#include "dspark_args.h"
+#include "flashspark/cpu/dspark.h"
 #include "flashspark/cpu/dflash2.h"
 #include "flashspark/cpu/dflash.h"
 #include "flashspark/cpu/verify.h"
@@ -111,10 +113,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
   return {o.tokens, o.choice, o.scores, o.q};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cpu(
+    const at::Tensor& base_logits, const at::Tensor& prev_tokens, const at::Tensor& w1, const at::Tensor& w2,
+    const std::optional<at::Tensor>& bias, const at::Tensor& hidden, const at::Tensor& conf_w, const at::Tensor& conf_b,
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions) {
+  const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
+                                         seeds, positions);
+  MarkovOutputs o;
+  dispatch_float(base_logits.scalar_type(), [&]<class T>() {
+    const MarkovParams<T> p = make_markov_params<T>(a, cpu::markov_num_partials_cpu(a.vocab), o);
+    const MarkovError e = cpu::markov_check(p);
+    TORCH_CHECK(e == MarkovError::kOk, "flashspark.markov_step: ", markov_error_message(e));
+    cpu::markov_step_cpu(p, AtenParallelFor{});
+  });
+  return {o.tokens, o.q, o.conf};
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CPU, m) {
+  m.impl("markov_step", &flashspark::binding::markov_step_cpu);
   m.impl("two_tap_conv", &flashspark::binding::two_tap_conv_cpu);
   m.impl("topk_select", &flashspark::binding::topk_select_cpu);
   m.impl("path_select", &flashspark::binding::path_select_cpu);

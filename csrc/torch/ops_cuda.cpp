@@ -8,6 +8,7 @@
 #include "flashspark/cuda/launch.h"
 #include "dflash2_args.h"
 #include "dflash_args.h"
+#include "dspark_args.h"
 #include "verify_args.h"
 
 namespace flashspark::binding {
@@ -110,10 +111,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
   return {o.tokens, o.choice, o.scores, o.q};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cuda(
+    const at::Tensor& base_logits, const at::Tensor& prev_tokens, const at::Tensor& w1, const at::Tensor& w2,
+    const std::optional<at::Tensor>& bias, const at::Tensor& hidden, const at::Tensor& conf_w, const at::Tensor& conf_b,
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions) {
+  const c10::cuda::CUDAGuard guard(base_logits.device());
+  const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
+                                         seeds, positions);
+  TORCH_CHECK(a.batch <= 256, "flashspark.markov_step: argument 'base_logits' has ", a.batch,
+              " requests; the CUDA kernel takes at most 256 per call");
+  MarkovOutputs o;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(base_logits.scalar_type(), [&]<class T>() {
+    const MarkovParams<T> p = make_markov_params<T>(a, cuda::markov_num_partials(a.vocab), o);
+    check_cuda(cuda::launch_markov_step<T>(p, stream), "markov_step");
+  });
+  return {o.tokens, o.q, o.conf};
+}
+
 }  // namespace
 }  // namespace flashspark::binding
 
 TORCH_LIBRARY_IMPL(flashspark, CUDA, m) {
+  m.impl("markov_step", &flashspark::binding::markov_step_cuda);
   m.impl("two_tap_conv", &flashspark::binding::two_tap_conv_cuda);
   m.impl("topk_select", &flashspark::binding::topk_select_cuda);
   m.impl("path_select", &flashspark::binding::path_select_cuda);

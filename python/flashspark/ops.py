@@ -20,7 +20,7 @@ import torch
 
 __all__ = [
     "verify", "verify_out", "block_diffusion_attention", "inject_context_kv", "two_tap_conv", "topk_select",
-    "path_select",
+    "path_select", "markov_step",
 ]
 
 
@@ -305,3 +305,50 @@ def _path_select_fake(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperatur
     r, p, k = cand_ids.shape
     return (cand_ids.new_empty((r, p), dtype=torch.int32), cand_ids.new_empty((r, p), dtype=torch.int32),
             unary.new_empty((r, p, k), dtype=torch.float32), unary.new_empty((r, p, k), dtype=torch.float32))
+
+
+# ---------------------------------------------------------------- DSpark
+
+
+def markov_step(
+    base_logits: torch.Tensor,
+    prev_tokens: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    hidden: torch.Tensor,
+    conf_w: torch.Tensor,
+    conf_b: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DSpark intra-block step for all requests at once.
+
+    ``logits = base_logits + W2 · W1[prev_tokens] (+ bias)``; the token is drawn
+    by an exponential race at ``temperature`` (argmax at 0) with Philox at
+    ``(seeds[b], positions[b])``; q = softmax(logits / T) is what ``verify``
+    needs as dense q; the confidence is ``sigmoid(conf_w · [hidden ; W1[prev]] + conf_b)``.
+
+    Args:
+      base_logits: ``[B, V]`` the backbone's logits U_k at this block position.
+      prev_tokens: ``[B]`` int32/int64 token drawn at the previous position.
+      w1: ``[V, r]`` Markov embedding; w2: ``[V, r]`` Markov projection
+        (a ``Linear(r, V)`` weight); same dtype as base_logits.
+      hidden: ``[B, H]`` backbone hidden state h_k; conf_w ``[H + r]``; conf_b ``[1]``.
+      temperature: ``[B]`` fp32; seeds ``[B]`` int64; positions ``[B]`` int64.
+      bias: optional ``[V]``.
+
+    Returns ``(tokens [B] int32, q [B, V] fp32, confidence [B] fp32)``. The CUDA
+    kernel reads W2 once per step for the whole batch (B <= 256, r <= 512).
+    """
+    return torch.ops.flashspark.markov_step(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b,
+                                            temperature, seeds, positions)
+
+
+@torch.library.register_fake("flashspark::markov_step")
+def _markov_step_fake(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions):
+    b, v = base_logits.shape
+    return (base_logits.new_empty((b,), dtype=torch.int32), base_logits.new_empty((b, v), dtype=torch.float32),
+            base_logits.new_empty((b,), dtype=torch.float32))

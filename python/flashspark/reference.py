@@ -322,3 +322,33 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
         tokens[r] = cand_ids[r].cpu().gather(-1, choice[r].long()[:, None]).squeeze(-1).int()
     device = cand_ids.device
     return tokens.to(device), choice.to(device), scores.to(device), q.to(device)
+
+
+# ---------------------------------------------------------------- DSpark Markov step
+
+
+def markov_step_reference(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds,
+                          positions):
+    """Oracle of :func:`flashspark.ops.markov_step`."""
+    batch, vocab = base_logits.shape
+    e = w1.float()[prev_tokens.long()]                       # [B, r]
+    logits = base_logits.float() + e @ w2.float().T          # [B, V]
+    if bias is not None:
+        logits = logits + bias.float()
+    tokens = torch.empty(batch, dtype=torch.int32)
+    q = torch.zeros(batch, vocab)
+    for b in range(batch):
+        t = float(temperature[b])
+        if t == 0.0:
+            c = int(logits[b].argmax())
+            q[b, c] = 1.0
+        else:
+            z = logits[b].cpu() * (1.0 / t)
+            q[b] = torch.softmax(z, dim=-1)
+            noise = gumbel(philox_u32(_to_int(seeds[b]), _to_int(positions[b]), PURPOSE_DRAFT, torch.arange(vocab)))
+            c = int((z + noise).argmax())
+        tokens[b] = c
+    feats = torch.cat([hidden.float(), e], dim=-1)
+    conf = torch.sigmoid(feats @ conf_w.float() + conf_b.float().reshape(()))
+    device = base_logits.device
+    return tokens.to(device), q.to(device), conf.to(device)

@@ -18,4 +18,12 @@ FS_CPU_CLONES static void axpy(int64_t n, float a, const float* __restrict x, fl
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// sum_i x[i] * y[i]; the simd reduction lets the compiler reorder the sum.
+FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float* __restrict y) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
+  return acc;
+}
+
 }  // namespace flashspark::cpu

@@ -7,6 +7,7 @@
 
 #include "flashspark/dflash.h"
 #include "flashspark/dflash2.h"
+#include "flashspark/dspark.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::cuda {
@@ -28,5 +29,11 @@ cudaError_t launch_topk_select(const TopKParams<T>& p, cudaStream_t stream);
 
 template <class T>
 cudaError_t launch_path_select(const PathParams<T>& p, cudaStream_t stream);
+
+template <class T>
+cudaError_t launch_markov_step(const MarkovParams<T>& p, cudaStream_t stream);
+
+// Number of per-request partials markov_step's CUDA kernel leaves (workspace rows).
+int32_t markov_num_partials(int64_t vocab);
 
 }  // namespace flashspark::cuda
