@@ -2,8 +2,10 @@
 # One script for a machine with an NVIDIA GPU (H200 class) whose python3
 # already holds a CUDA build of torch, pytest and ninja: build the extension
 # with CUDA and the torch-free kernels with CMake, run the CUDA tests, run the
-# kernel benchmarks, and write every result into DIR. Downloads nothing.
-# Budget: under 8 minutes.
+# kernel benchmarks, and write every result into DIR (six files: summary.txt
+# with hardware, step statuses and benchmark tables; build.log; pytest_cuda.log;
+# kernel_bench_cuda.txt; verify_bench_cuda.json; drafter_ops_bench_cuda.json).
+# Downloads nothing. Budget: under 8 minutes.
 #   bash bench/gpu_check.sh DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,30 +13,35 @@ OUT_DIR=$(mkdir -p "${1:-bench/results/gpu}" && cd "${1:-bench/results/gpu}" && 
 PY=${PY:-python3}
 export MAX_JOBS=${MAX_JOBS:-16} PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export FLASHSPARK_CUDA=1 FLASHSPARK_CUDA_ARCHS=${FLASHSPARK_CUDA_ARCHS:-9.0a}
-: > "$OUT_DIR/summary.txt"
-log() { echo "== $*" | tee -a "$OUT_DIR/summary.txt"; }
+SUMMARY="$OUT_DIR/summary.txt"
+: > "$SUMMARY"
+log() { echo "== $*" | tee -a "$SUMMARY"; }
 
 log "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvcc --version | tail -2;
-  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT_DIR/hardware.txt"
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } 2>&1 | tee -a "$SUMMARY"
 
-log "build: extension with CUDA kernels"
+log "build: extension with CUDA kernels, then the torch-free CMake build"
 timeout 300 $PY setup.py build_ext --inplace > "$OUT_DIR/build.log" 2>&1
 log "build_ext exit $?"
 ( cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  && cmake --build build/cmake -j "$MAX_JOBS" && ctest --test-dir build/cmake ) > "$OUT_DIR/cmake.log" 2>&1
+  && cmake --build build/cmake -j "$MAX_JOBS" && ctest --test-dir build/cmake ) >> "$OUT_DIR/build.log" 2>&1
 log "cmake build + ctest exit $?"
 
 log "CUDA tests (every op test parametrized on cuda)"
 timeout 200 $PY -m pytest -q tests -k cuda -p no:cacheprovider > "$OUT_DIR/pytest_cuda.log" 2>&1
 log "pytest exit $? ($(tail -1 "$OUT_DIR/pytest_cuda.log"))"
 
-log "raw CUDA kernel microbenchmark (µs, GB/s, fraction of 4.8 TB/s)"
+log "raw CUDA verify kernel (µs, GB/s, fraction of 4.8 TB/s)"
 timeout 90 ./build/cmake/flashspark_bench_cuda > "$OUT_DIR/kernel_bench_cuda.txt" 2>&1
 log "flashspark_bench_cuda exit $?"
 
-log "op benchmarks through torch, op vs reference"
-timeout 150 $PY bench/verify_bench.py --device cuda --quick --out "$OUT_DIR/verify_bench_cuda.json" \
-  > "$OUT_DIR/verify_bench_cuda.txt" 2>&1
-log "verify_bench exit $?"
-cat "$OUT_DIR/summary.txt"
+log "verify through torch, op vs reference"
+timeout 150 $PY bench/verify_bench.py --device cuda --quick --out "$OUT_DIR/verify_bench_cuda.json" 2>&1 \
+  | tee -a "$SUMMARY"
+log "verify_bench exit ${PIPESTATUS[0]}"
+
+log "drafter ops through torch: attention vs SDPA, injection, two-tap conv, Top-K vs torch.topk, path, Markov step"
+timeout 150 $PY bench/drafter_ops_bench.py --device cuda --out "$OUT_DIR/drafter_ops_bench_cuda.json" 2>&1 \
+  | tee -a "$SUMMARY"
+log "drafter_ops_bench exit ${PIPESTATUS[0]}"

@@ -66,8 +66,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ref-repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/verify_bench_<device>.json)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
     if args.quick:

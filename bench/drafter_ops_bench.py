@@ -1,13 +1,17 @@
-"""Benchmark of the DFlash drafter ops, side by side in one run on the same inputs:
+"""Benchmark of the drafter ops, side by side in one run on the same inputs:
 
   block_diffusion_attention  vs  the unfused path (gather context + cat block +
                                  scaled_dot_product_attention)  and the reference
   inject_context_kv          vs  the unfused path (RMSNorm, RoPE, indexed writes)
+  two_tap_conv               vs  the reference (PyTorch ops)
+  topk_select                vs  torch.topk + torch.logsumexp
+  path_select                vs  the reference
+  markov_step                vs  the unfused path (gather, matmul, softmax, sampling)
 
 Reports median times, ratios, and effective GB/s over the bytes each op must
 touch. Prints a table and writes JSON.
 
-    python bench/dflash_ops_bench.py [--device cuda] [--quick]
+    python bench/drafter_ops_bench.py [--device cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ import torch
 import torch.nn.functional as F
 
 import flashspark
-from flashspark.reference import block_diffusion_attention_reference, inject_context_kv_reference, rope_cos_sin_cache
+from flashspark.reference import (
+    block_diffusion_attention_reference,
+    inject_context_kv_reference,
+    markov_step_reference,
+    path_select_reference,
+    rope_cos_sin_cache,
+    two_tap_conv_reference,
+)
 
 
 def median_time(fn, repeats, device):
@@ -113,13 +124,101 @@ def bench_inject(n, batch, hkv, dim, dtype, device, repeats):
                 unfused_over_op=t_unfused / t_op, ref_over_op=t_ref / t_op, op_gbs=bytes_moved / t_op * 1e-9)
 
 
+def _row(op, desc, dtype, t_op, t_base, base_name, t_ref, bytes_moved, **extra):
+    return dict(op=op, shape=desc, dtype=str(dtype).replace("torch.", ""), op_ms=t_op * 1e3,
+                unfused_ms=t_base * 1e3, unfused_is=base_name, ref_ms=None if t_ref is None else t_ref * 1e3,
+                unfused_over_op=t_base / t_op, ref_over_op=None if t_ref is None else t_ref / t_op,
+                op_gbs=bytes_moved / t_op * 1e-9, **extra)
+
+
+def bench_conv(rows, channels, dtype, device, repeats):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    base = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    delta = torch.randn(rows, 2, (channels + 15) // 16, generator=g).to(dtype).to(device)
+    res = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    t_op = median_time(lambda: flashspark.ops.two_tap_conv(x, base, delta, 16, residual=res), repeats, device)
+    t_ref = median_time(lambda: two_tap_conv_reference(x, base, delta, 16, residual=res), repeats, device)
+    elem = x.element_size()
+    return _row("two_tap_conv", f"N{rows} C{channels}", dtype, t_op, t_ref, "reference", None,
+                elem * 3 * rows * channels)
+
+
+def bench_topk(rows, vocab, dtype, device, repeats):
+    logits = torch.randn(rows, vocab, device=device).to(dtype)
+    t_op = median_time(lambda: flashspark.ops.topk_select(logits, 16), repeats, device)
+    t_torch = median_time(lambda: (torch.topk(logits.float(), 16), torch.logsumexp(logits.float(), -1)), repeats,
+                          device)
+    return _row("topk_select", f"rows{rows} V{vocab}", dtype, t_op, t_torch, "torch.topk+logsumexp", None,
+                logits.element_size() * rows * vocab)
+
+
+def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
+    g = torch.Generator().manual_seed(3)
+    cand = torch.randint(0, vocab, (requests, positions, k), generator=g, dtype=torch.int32).to(device)
+    unary = torch.randn(requests, positions, k, generator=g).to(device)
+    a_emb = torch.randn(vocab, rank, generator=g).to(device)
+    b_emb = torch.randn(vocab, rank, generator=g).to(device)
+    gg = torch.randn(requests, positions, rank, generator=g).to(device)
+    anchor = torch.randint(0, vocab, (requests,), generator=g, dtype=torch.int32).to(device)
+    temp = torch.ones(requests, device=device)
+    seeds = torch.arange(requests, dtype=torch.int64, device=device)
+    offs = torch.zeros(requests, dtype=torch.int64, device=device)
+    t_op = median_time(lambda: flashspark.ops.path_select(cand, unary, a_emb, b_emb, gg, anchor, mode=mode,
+                                                          temperature=temp, seeds=seeds, offsets=offs), repeats, device)
+    t_ref = median_time(lambda: path_select_reference(cand, unary, a_emb, b_emb, gg, anchor, mode, temp, seeds, offs),
+                        max(1, repeats // 4), device)
+    bytes_moved = 4 * (2 * requests * positions * k * rank + requests * positions * (rank + 2 * k))
+    return _row("path_select", f"R{requests} P{positions} K{k} r{rank} {mode}", torch.float32, t_op, t_ref,
+                "reference", None, bytes_moved)
+
+
+def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
+    g = torch.Generator().manual_seed(4)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(dtype).to(device)
+
+    args = (rnd(batch, vocab), torch.randint(0, vocab, (batch,), generator=g).to(device), rnd(vocab, rank),
+            rnd(vocab, rank), None, rnd(batch, hidden), rnd(hidden + rank), torch.zeros(1, device=device),
+            torch.ones(batch, device=device), torch.arange(batch, dtype=torch.int64, device=device),
+            torch.zeros(batch, dtype=torch.int64, device=device))
+
+    def unfused():
+        base, prev, w1, w2, _, h, cw, cb, temp, _, _ = args
+        e = w1[prev]
+        logits = (base + e @ w2.T).float() / temp[:, None]
+        q = torch.softmax(logits, -1)
+        tok = torch.multinomial(q, 1)
+        conf = torch.sigmoid(torch.cat([h, e], -1).float() @ cw.float() + cb)
+        return tok, q, conf
+
+    t_op = median_time(lambda: flashspark.ops.markov_step(*args[:4], args[5], args[6], args[7], temperature=args[8],
+                                                          seeds=args[9], positions=args[10]), repeats, device)
+    t_unf = median_time(unfused, repeats, device)
+    t_ref = median_time(lambda: markov_step_reference(*args), max(1, repeats // 4), device)
+    elem = args[0].element_size()
+    bytes_moved = elem * (vocab * rank + 2 * batch * vocab) + 4 * batch * vocab
+    return _row("markov_step", f"B{batch} V{vocab} r{rank}", dtype, t_op, t_unf, "unfused torch", t_ref, bytes_moved)
+
+
+def print_row(r):
+    ref = f"{r['ref_ms']:>8.2f}" if r.get("ref_ms") is not None else f"{'-':>8}"
+    print(f"{r['op']:<26} {r['shape']:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
+          f"{ref} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     repeats = args.repeats or (5 if args.quick else 20)
     dtypes = [torch.float32] if device.type == "cpu" else [torch.bfloat16, torch.float16]
@@ -130,7 +229,7 @@ def main(argv=None):
         attn_grid += [(32, 1024, 8, 4, 2, 64), (8, 4096, 16, 32, 8, 128), (32, 8192, 16, 32, 8, 128)]
     inject_grid = [(64, 8, 2, 64), (512, 32, 8, 128)] + ([] if args.quick else [(4096, 64, 8, 128)])
     rows = []
-    print(f"DFlash ops on {device}: op vs unfused PyTorch vs reference (median ms)")
+    print(f"Drafter ops on {device}: op vs unfused PyTorch vs reference (median ms)")
     head = f"{'op':<26} {'shape':<34} {'dtype':>8} | {'op':>8} {'unfused':>8} {'ref':>8} | {'unf/op':>6} {'GB/s':>7}"
     print(head)
     print("-" * len(head))
@@ -140,24 +239,36 @@ def main(argv=None):
                 continue
             r = bench_attention(*shape, dtype, device, repeats)
             rows.append(r)
-            desc = f"B{r['batch']} ctx{r['ctx']} γ{r['gamma']} H{r['hq']}/{r['hkv']} D{r['dim']}"
-            print(f"{r['op']:<26} {desc:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
-                  f"{r['ref_ms']:>8.2f} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+            r["shape"] = f"B{r['batch']} ctx{r['ctx']} γ{r['gamma']} H{r['hq']}/{r['hkv']} D{r['dim']}"
+            print_row(r)
         for shape in inject_grid:
             r = bench_inject(*shape, dtype, device, repeats)
             rows.append(r)
-            desc = f"N{r['n']} B{r['batch']} Hkv{r['hkv']} D{r['dim']}"
-            print(f"{r['op']:<26} {desc:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
-                  f"{r['ref_ms']:>8.2f} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+            r["shape"] = f"N{r['n']} B{r['batch']} Hkv{r['hkv']} D{r['dim']}"
+            print_row(r)
+        for rows_, channels in [(256, 256), (2048, 4096)] + ([] if args.quick else [(16384, 4096)]):
+            rows.append(bench_conv(rows_, channels, dtype, device, repeats))
+            print_row(rows[-1])
+        for nrows, vocab in [(8, 4096), (64, 151936)] + ([] if args.quick else [(512, 151936)]):
+            rows.append(bench_topk(nrows, vocab, dtype, device, repeats))
+            print_row(rows[-1])
+        for batch, vocab, rank in [(8, 4096, 64), (32, 151936, 256)]:
+            if device.type == "cpu" and vocab > 100000 and args.quick:
+                continue
+            rows.append(bench_markov(batch, vocab, rank, 256, dtype, device, repeats))
+            print_row(rows[-1])
+    for mode in ("backtrack", "sample"):
+        rows.append(bench_path(32, 15, 16, 4096, 64, mode, device, repeats))
+        print_row(rows[-1])
     result = dict(
-        benchmark="dflash_ops",
-        command=" ".join(["python", "bench/dflash_ops_bench.py"] + (argv if argv is not None else sys.argv[1:])),
+        benchmark="drafter_ops",
+        command=" ".join(["python", "bench/drafter_ops_bench.py"] + (argv if argv is not None else sys.argv[1:])),
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         hardware=dict(machine=platform.machine(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
                       gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
         torch=torch.__version__, device=str(device), rows=rows)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"dflash_ops_bench_{device.type}.json")
+                                   f"drafter_ops_bench_{device.type}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
