@@ -17,13 +17,9 @@ touch. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -37,20 +33,7 @@ from flashspark.reference import (
     rope_cos_sin_cache,
     two_tap_conv_reference,
 )
-
-
-def median_time(fn, repeats, device):
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from timing import median_time, run_info
 
 
 def unfused_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
@@ -263,10 +246,7 @@ def main(argv=None):
     result = dict(
         benchmark="drafter_ops",
         command=" ".join(["python", "bench/drafter_ops_bench.py"] + (argv if argv is not None else sys.argv[1:])),
-        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        hardware=dict(machine=platform.machine(), cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
-        torch=torch.__version__, device=str(device), rows=rows)
+        **run_info(device), rows=rows)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"drafter_ops_bench_{device.type}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

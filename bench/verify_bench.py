@@ -12,18 +12,15 @@ times and their ratio. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
-import statistics
 import sys
-import time
 
 import torch
 
 import flashspark
 from flashspark.reference import verify_reference
+from timing import median_time, run_info
 
 
 def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
@@ -44,20 +41,6 @@ def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
     )
     kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     return logits.to(dtype).to(device), tokens.to(device), cu.to(device), kw
-
-
-def median_time(fn, repeats, device):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -102,13 +85,8 @@ def main(argv=None):
 
     result = dict(
         benchmark="verify",
-        command=" ".join([os.path.basename(sys.executable), "bench/verify_bench.py"] + (argv or sys.argv[1:])),
-        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        hardware=dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
-                      cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
-        torch=torch.__version__,
-        device=str(device),
+        command=" ".join(["python", "bench/verify_bench.py"] + (argv if argv is not None else sys.argv[1:])),
+        **run_info(device),
         rows=rows,
     )
     out_path = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",

@@ -16,11 +16,7 @@ using namespace flashspark;
 template <class T>
 static void run(int32_t batch, int32_t gamma, int32_t vocab, bool greedy, int repeats) {
   bench::VerifyInputs in = bench::make_verify_inputs(batch, gamma, vocab);
-  std::vector<T> logits(in.logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if constexpr (sizeof(T) == 4) logits[i] = in.logits[i];
-    else logits[i] = to_bfloat16(in.logits[i]);
-  }
+  const std::vector<T> logits = bench::logits_as<T>(in.logits);
   if (greedy) std::fill(in.temperature.begin(), in.temperature.end(), 0.f);
   std::vector<int32_t> out(size_t(batch) * (gamma + 1)), acc(batch);
   VerifyParams<T> p;

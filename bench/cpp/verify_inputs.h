@@ -48,6 +48,14 @@ inline VerifyInputs make_verify_inputs(int32_t batch, int32_t gamma, int32_t voc
   return in;
 }
 
+// The logits in the kernel's storage type (fp32 or bf16).
+template <class T>
+std::vector<T> logits_as(const std::vector<float>& logits) {
+  std::vector<T> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = from_float<T>(logits[i]);
+  return out;
+}
+
 // Bytes a verify call must read at least: every row up to and including the
 // first rejected (or bonus) row, once.
 inline double verify_min_bytes(const std::vector<int32_t>& num_accepted, int32_t vocab, size_t elem_bytes) {

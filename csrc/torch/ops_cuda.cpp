@@ -33,18 +33,6 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_cuda(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-                                               const at::Tensor& cu_num_draft,
-                                               const std::optional<at::Tensor>& draft_probs,
-                                               const std::optional<at::Tensor>& draft_probs_ids,
-                                               const at::Tensor& temperature, const at::Tensor& seeds,
-                                               const at::Tensor& offsets, int64_t max_spec_len) {
-  auto [out_tokens, out_num_accepted] = empty_verify_outputs(target_logits, cu_num_draft, max_spec_len);
-  verify_out_cuda(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids, temperature, seeds, offsets,
-                  max_spec_len, out_tokens, out_num_accepted);
-  return {out_tokens, out_num_accepted};
-}
-
 at::Tensor block_diffusion_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                           const at::Tensor& ctx_lens, const at::Tensor& k_block,
                                           const at::Tensor& v_block, double scale) {
@@ -139,6 +127,6 @@ TORCH_LIBRARY_IMPL(flashspark, CUDA, m) {
   m.impl("path_select", &flashspark::binding::path_select_cuda);
   m.impl("block_diffusion_attention", &flashspark::binding::block_diffusion_attention_cuda);
   m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cuda);
-  m.impl("verify", &flashspark::binding::verify_cuda);
+  m.impl("verify", &flashspark::binding::verify_functional<flashspark::binding::verify_out_cuda>);
   m.impl("verify_out", &flashspark::binding::verify_out_cuda);
 }

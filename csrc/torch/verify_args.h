@@ -124,6 +124,24 @@ inline std::tuple<at::Tensor, at::Tensor> empty_verify_outputs(const at::Tensor&
   return {at::empty({batch, max_spec_len + 1}, opts), at::empty({batch}, opts)};
 }
 
+using VerifyOutFn = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             int64_t, at::Tensor&, at::Tensor&);
+
+// The functional `verify` of a backend: allocate the outputs, run its verify_out.
+template <VerifyOutFn verify_out>
+std::tuple<at::Tensor, at::Tensor> verify_functional(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                                     const at::Tensor& cu_num_draft,
+                                                     const std::optional<at::Tensor>& draft_probs,
+                                                     const std::optional<at::Tensor>& draft_probs_ids,
+                                                     const at::Tensor& temperature, const at::Tensor& seeds,
+                                                     const at::Tensor& offsets, int64_t max_spec_len) {
+  auto [out_tokens, out_num_accepted] = empty_verify_outputs(target_logits, cu_num_draft, max_spec_len);
+  verify_out(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids, temperature, seeds, offsets,
+             max_spec_len, out_tokens, out_num_accepted);
+  return {out_tokens, out_num_accepted};
+}
+
 template <class T>
 VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, at::Tensor& out_num_accepted) {
   VerifyParams<T> p;

@@ -43,10 +43,38 @@ FS_HOST_DEVICE InjectError inject_check_token(const InjectParams<T>& p, int32_t 
   return InjectError::kOk;
 }
 
-// Rotate-half RoPE of the pair (x1, x2) = (x[j], x[j + D/2]).
-FS_HOST_DEVICE void rope_pair(float x1, float x2, float c, float s, float* o1, float* o2) {
-  *o1 = x1 * c - x2 * s;
-  *o2 = x2 * c + x1 * s;
+// Where row (token i, KV head h) reads and writes.
+template <class T>
+struct InjectRow {
+  const T* k;
+  const T* v;
+  T* k_out;
+  T* v_out;
+  const float* cos_sin;
+};
+
+template <class T>
+FS_HOST_DEVICE InjectRow<T> inject_row(const InjectParams<T>& p, int32_t i, int32_t h) {
+  const int64_t slot = p.slots[i], pos = p.positions[i];
+  return InjectRow<T>{p.k + i * p.k_stride + int64_t(h) * p.head_dim, p.v + i * p.v_stride + int64_t(h) * p.head_dim,
+                      p.k_cache + slot * p.cache_stride_b + h * p.cache_stride_h + pos * p.cache_stride_s,
+                      p.v_cache + slot * p.v_cache_stride_b + h * p.v_cache_stride_h + pos * p.v_cache_stride_s,
+                      p.cos_sin + pos * p.head_dim};
+}
+
+// Writes K (normalized by `inv`, weighted, rotated) and V for the pairs
+// j = j0, j0 + step, ... < D/2 (and the V entries at the same strides).
+template <class T>
+FS_HOST_DEVICE void inject_write(const InjectParams<T>& p, const InjectRow<T>& row, float inv, int32_t j0, int32_t step) {
+  const int32_t D = p.head_dim, half = D / 2;
+  for (int32_t j = j0; j < half; j += step) {
+    const float x1 = to_float(row.k[j]) * inv * p.k_norm_weight[j];
+    const float x2 = to_float(row.k[j + half]) * inv * p.k_norm_weight[j + half];
+    const float c = row.cos_sin[j], s = row.cos_sin[half + j];
+    row.k_out[j] = from_float<T>(x1 * c - x2 * s);  // rotate-half RoPE
+    row.k_out[j + half] = from_float<T>(x2 * c + x1 * s);
+  }
+  for (int32_t j = j0; j < D; j += step) row.v_out[j] = row.v[j];
 }
 
 FS_HOST_DEVICE float rms_inv(float sum_squares, int32_t dim, float eps) {

@@ -13,27 +13,12 @@ namespace flashspark::cpu {
 
 template <class T, class ParallelFor>
 void inject_context_kv_cpu(const InjectParams<T>& p, const ParallelFor& parallel_for) {
-  const int32_t D = p.head_dim, half = D / 2;
   parallel_for(0, int64_t(p.num_tokens) * p.num_kv_heads, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int32_t i = int32_t(r / p.num_kv_heads), h = int32_t(r % p.num_kv_heads);
-      const T* k = p.k + i * p.k_stride + int64_t(h) * D;
-      const T* v = p.v + i * p.v_stride + int64_t(h) * D;
-      const int64_t slot = p.slots[i], pos = p.positions[i];
-      T* kc = p.k_cache + slot * p.cache_stride_b + h * p.cache_stride_h + pos * p.cache_stride_s;
-      T* vc = p.v_cache + slot * p.v_cache_stride_b + h * p.v_cache_stride_h + pos * p.v_cache_stride_s;
+      const InjectRow<T> row = inject_row(p, int32_t(r / p.num_kv_heads), int32_t(r % p.num_kv_heads));
       float ss = 0.f;
-      for (int32_t j = 0; j < D; ++j) ss += to_float(k[j]) * to_float(k[j]);
-      const float inv = rms_inv(ss, D, p.eps);
-      const float* cs = p.cos_sin + pos * D;
-      for (int32_t j = 0; j < half; ++j) {
-        float o1, o2;
-        rope_pair(to_float(k[j]) * inv * p.k_norm_weight[j], to_float(k[j + half]) * inv * p.k_norm_weight[j + half],
-                  cs[j], cs[half + j], &o1, &o2);
-        kc[j] = from_float<T>(o1);
-        kc[j + half] = from_float<T>(o2);
-      }
-      for (int32_t j = 0; j < D; ++j) vc[j] = v[j];
+      for (int32_t j = 0; j < p.head_dim; ++j) ss += to_float(row.k[j]) * to_float(row.k[j]);
+      inject_write(p, row, rms_inv(ss, p.head_dim, p.eps), 0, 1);
     }
   });
 }

@@ -18,31 +18,17 @@ constexpr int kInjectWarps = 4;
 template <class T>
 __global__ void __launch_bounds__(kInjectWarps * 32) inject_context_kv_kernel(InjectParams<T> p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kInjectWarps + warp;
-  if (row >= int64_t(p.num_tokens) * p.num_kv_heads) return;
-  const int32_t i = int32_t(row / p.num_kv_heads), h = int32_t(row % p.num_kv_heads);
+  const int64_t r = int64_t(blockIdx.x) * kInjectWarps + warp;
+  if (r >= int64_t(p.num_tokens) * p.num_kv_heads) return;
+  const int32_t i = int32_t(r / p.num_kv_heads), h = int32_t(r % p.num_kv_heads);
   if (lane == 0) {
     const InjectError e = inject_check_token(p, i);
     if (e != InjectError::kOk) device_fail("inject_context_kv", int(e), i);
   }
-  const int32_t D = p.head_dim, half = D / 2;
-  const T* k = p.k + i * p.k_stride + int64_t(h) * D;
-  const T* v = p.v + i * p.v_stride + int64_t(h) * D;
-  const int64_t slot = p.slots[i], pos = p.positions[i];
-  T* kc = p.k_cache + slot * p.cache_stride_b + h * p.cache_stride_h + pos * p.cache_stride_s;
-  T* vc = p.v_cache + slot * p.v_cache_stride_b + h * p.v_cache_stride_h + pos * p.v_cache_stride_s;
+  const InjectRow<T> row = inject_row(p, i, h);
   float ss = 0.f;
-  for (int32_t j = lane; j < D; j += 32) ss += to_float(k[j]) * to_float(k[j]);
-  const float inv = rms_inv(warp_allreduce_sum(ss), D, p.eps);
-  const float* cs = p.cos_sin + pos * D;
-  for (int32_t j = lane; j < half; j += 32) {
-    float o1, o2;
-    rope_pair(to_float(k[j]) * inv * p.k_norm_weight[j], to_float(k[j + half]) * inv * p.k_norm_weight[j + half],
-              cs[j], cs[half + j], &o1, &o2);
-    kc[j] = from_float<T>(o1);
-    kc[j + half] = from_float<T>(o2);
-  }
-  for (int32_t j = lane; j < D; j += 32) vc[j] = v[j];
+  for (int32_t j = lane; j < p.head_dim; j += 32) ss += to_float(row.k[j]) * to_float(row.k[j]);
+  inject_write(p, row, rms_inv(warp_allreduce_sum(ss), p.head_dim, p.eps), lane, 32);
 }
 
 template <class T>

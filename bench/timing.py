@@ -1,0 +1,39 @@
+"""Timing and environment helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def median_time(fn, repeats: int, device: torch.device) -> float:
+    """Median wall time of fn() in seconds over `repeats` runs after one warm-up,
+    synchronizing the GPU around each run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_info(device: torch.device) -> dict:
+    """Date, hardware and versions recorded with every benchmark result."""
+    return dict(
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        hardware=dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
+                      cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
+        torch=torch.__version__,
+        device=str(device),
+    )
