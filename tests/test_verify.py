@@ -494,6 +494,9 @@ BAD_CASES = [
                                    "draft_probs_ids": torch.randint(0, 20, (5, 3), device=d)}),
     ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
                                    "draft_probs_ids": torch.full((5, 4), 25, dtype=torch.int32, device=d)}),
+    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
+                                   "draft_probs_ids": torch.tensor([[19, 18, 17, 16]] * 5, dtype=torch.int32,
+                                                                   device=d)}),
     ("draft_probs_ids", lambda d: {"draft_probs": None,
                                    "draft_probs_ids": torch.zeros((5, 4), dtype=torch.int32, device=d)}),
 ]

@@ -176,6 +176,8 @@ inline const char* verify_error_message(VerifyError e) {
     case VerifyError::kDraftTokenRange: return "argument 'draft_tokens' holds a token id outside [0, V)";
     case VerifyError::kCandidateRange: return "argument 'draft_probs_ids' holds a token id outside [0, V)";
     case VerifyError::kBadTemperature: return "argument 'temperature' must be >= 0 (0 = greedy)";
+    case VerifyError::kDraftNotListed:
+      return "argument 'draft_tokens' holds a token that is not among its row's 'draft_probs_ids' (sparse q)";
   }
   return "invalid input";
 }

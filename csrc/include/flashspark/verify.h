@@ -59,6 +59,7 @@ enum class VerifyError : int32_t {
   kDraftTokenRange,   // a draft token outside [0, V)
   kCandidateRange,    // a sparse q id outside [0, V)
   kBadTemperature,    // negative or NaN temperature
+  kDraftNotListed,    // sparse q: a draft token that is not among its row's candidate ids
 };
 
 template <class T>
@@ -73,11 +74,16 @@ FS_HOST_DEVICE VerifyError verify_check_request(const VerifyParams<T>& p, int32_
   for (int32_t i = lo; i < hi; ++i) {
     const int32_t x = p.draft_tokens[i];
     if (x < 0 || x >= p.vocab) return VerifyError::kDraftTokenRange;
-    if (p.q_mode == DraftQ::kSparse)
+    if (p.q_mode == DraftQ::kSparse) {
+      bool listed = false;
       for (int32_t j = 0; j < p.num_candidates; ++j) {
         const int32_t c = p.q_ids[int64_t(i) * p.num_candidates + j];
         if (c < 0 || c >= p.vocab) return VerifyError::kCandidateRange;
+        listed |= c == x;
       }
+      // A draft drawn from q is always listed; an unlisted one has q(x) = 0.
+      if (!listed) return VerifyError::kDraftNotListed;
+    }
   }
   return VerifyError::kOk;
 }
