@@ -89,8 +89,10 @@ def main(argv=None):
         **run_info(device),
         rows=rows,
     )
-    out_path = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                        f"verify_bench_{device.type}{'_quick' if args.quick else ''}.json")
+    # Quick runs (the demo) go to runs/, full grids to the committed bench/results/.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out_path = args.out or (os.path.join(root, "runs", f"verify_bench_{device.type}_quick.json") if args.quick else
+                            os.path.join(root, "bench", "results", f"verify_bench_{device.type}.json"))
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)
