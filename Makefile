@@ -35,7 +35,11 @@ build: $(VENV)/.built
 test: build
 	$(PY) -m pytest -q tests
 
+DEMO_PROMPT := class Timer:\n    """Measure elapsed time."""\n\n    def __init__(self):\n        self.start = None\n\n    def
+
 demo: build
+	$(PY) -m flashspark generate --method ar --threads 1 --max-new-tokens 60 --temperature 0.6 --top-p 0.9 \
+	  --seed 0 --prompt '$(DEMO_PROMPT)'
 	$(PY) bench/verify_bench.py --quick
 
 bench: build
