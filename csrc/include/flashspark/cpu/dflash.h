@@ -54,13 +54,25 @@ void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int
     const T* kj = block_attn_key(p, b, h, ctx, j);
     for (int32_t d = 0; d < D; ++d) kt[size_t(d) * n + (j - j0)] = to_float(kj[d]);
   }
-  for (int32_t r = 0; r < R; ++r) {
-    const T* qr = block_attn_query(p, b, h, r);
+  std::fill_n(scores.data(), size_t(R) * n, 0.f);
+  int32_t r = 0;
+  for (; r + 4 <= R; r += 4) {  // four query rows per pass over K
+    const T* qr[4] = {block_attn_query(p, b, h, r), block_attn_query(p, b, h, r + 1), block_attn_query(p, b, h, r + 2),
+                      block_attn_query(p, b, h, r + 3)};
     float* sr = scores.data() + size_t(r) * n;
-    std::fill_n(sr, n, 0.f);
     for (int32_t d = 0; d < D; ++d) {
-      axpy(n, to_float(qr[d]) * p.scale, kt.data() + size_t(d) * n, sr);
+      const float a[4] = {to_float(qr[0][d]) * p.scale, to_float(qr[1][d]) * p.scale, to_float(qr[2][d]) * p.scale,
+                          to_float(qr[3][d]) * p.scale};
+      axpy4(n, a, kt.data() + size_t(d) * n, sr, sr + n, sr + 2 * n, sr + 3 * n);
     }
+  }
+  for (; r < R; ++r) {
+    const T* qr = block_attn_query(p, b, h, r);
+    for (int32_t d = 0; d < D; ++d)
+      axpy(n, to_float(qr[d]) * p.scale, kt.data() + size_t(d) * n, scores.data() + size_t(r) * n);
+  }
+  for (int32_t r = 0; r < R; ++r) {
+    float* sr = scores.data() + size_t(r) * n;
     float m = kNegInf;
     for (int32_t j = 0; j < n; ++j) m = std::max(m, sr[j]);
     float l = 0.f;

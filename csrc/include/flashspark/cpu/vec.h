@@ -18,6 +18,19 @@ FS_CPU_CLONES static void axpy(int64_t n, float a, const float* __restrict x, fl
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// y_r[i] += a[r] * x[i] for four rows r at once: x is read once for the four.
+FS_CPU_CLONES static void axpy4(int64_t n, const float* a, const float* __restrict x, float* __restrict y0,
+                                float* __restrict y1, float* __restrict y2, float* __restrict y3) {
+  const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    y0[i] += a0 * xi;
+    y1[i] += a1 * xi;
+    y2[i] += a2 * xi;
+    y3[i] += a3 * xi;
+  }
+}
+
 // sum_i x[i] * y[i]; the simd reduction lets the compiler reorder the sum.
 FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float* __restrict y) {
   float acc = 0.f;
