@@ -9,3 +9,14 @@ DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 def device(request):
     """Every op test runs on each device present; CUDA cases skip without a GPU."""
     return torch.device(request.param)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads, and a spinning thread pool
+    crawls when the machine is busy; the setting is restored for other modules.
+    Use with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

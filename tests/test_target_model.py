@@ -15,14 +15,7 @@ from flashspark.models import (Qwen3Config, Qwen3ForCausalLM, hf_parameter_names
 SHIPPED = data.ASSETS_DIR / "target"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from threads, and a spinning thread pool
-    crawls when the machine is busy; restore the setting for other modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(**kw) -> Qwen3Config:
