@@ -35,15 +35,15 @@ build: $(VENV)/.built
 test: build
 	$(PY) -m pytest -q tests
 
-DEMO_PROMPT := class Timer:\n    """Measure elapsed time."""\n\n    def __init__(self):\n        self.start = None\n\n    def
-
+# Speculative decoding with the shipped target and DFlash drafter: prints the
+# text, tau, tokens/s and the speedup over plain decoding measured in the same run.
 demo: build
-	$(PY) -m flashspark generate --method ar --threads 1 --max-new-tokens 60 --temperature 0.6 --top-p 0.9 \
-	  --seed 0 --prompt '$(DEMO_PROMPT)'
-	$(PY) bench/verify_bench.py --quick
+	$(PY) -m flashspark generate --method dflash --prompt "def read_config(path):" --max-new-tokens 96
 
 bench: build
 	$(PY) bench/verify_bench.py
+	$(PY) bench/drafter_ops_bench.py
+	$(PY) bench/e2e_bench.py
 
 # The torch-free kernel library, C++ tests and microbenchmarks (CUDA parts when nvcc is found).
 cmake:

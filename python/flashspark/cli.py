@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-GENERATE_METHODS = ["ar"]
+GENERATE_METHODS = ["ar", "dflash"]
 
 
 def add_train_target(sub) -> None:
@@ -69,6 +69,9 @@ def add_generate(sub) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="stop a request at <|endoftext|> (default on)")
+    from .spec.cli import add_generate_spec_args
+
+    add_generate_spec_args(p)
     p.set_defaults(func=run_generate)
 
 
@@ -103,6 +106,10 @@ def run_generate(args) -> int:
     from .generate import generate_text
     from .models import load_model
 
+    if args.method != "ar":
+        from .spec.cli import run_generate_spec
+
+        return run_generate_spec(args, args.method)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args)
@@ -129,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an embedded default model")
     train_sub = train.add_subparsers(dest="what", required=True)
     add_train_target(train_sub)
+    from .spec.cli import add_train_dflash
+    from .train.dflash2 import add_train_dflash2
+    from .train.dspark import add_train_dspark
+
+    add_train_dflash(train_sub)
+    add_train_dflash2(train_sub)
+    add_train_dspark(train_sub)
     add_generate(sub)
     return parser
 

@@ -1,0 +1,207 @@
+"""End-to-end decoding benchmark: plain decoding against speculative methods.
+
+For each concurrency c, the first c held-out code prompts are decoded as one
+batch by every method, side by side in the same process (fixed number of new
+tokens, no early stop). Reports tau (tokens per target forward), tokens/s and
+the ratio to plain decoding at the same concurrency; prints a table, writes
+bench/results/e2e_bench.json and a plot bench/results/e2e_bench.png.
+
+    python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dflash:k=3]
+
+Methods are `name[:k=K]`; a new method plugs in by adding a factory to METHODS
+(name -> function(args, target, k) returning decode(prompts, max_new_tokens,
+temperature, seed) -> (outputs, stats)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from flashspark import data
+from flashspark.generate import generate
+from flashspark.models import load_model
+from flashspark.train.target import hardware_string
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def make_ar(args, target, k):
+    def decode(prompts, max_new_tokens, temperature, seed):
+        return generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    return decode
+
+
+def make_dflash(args, target, k):
+    from flashspark.models.dflash import load_dflash
+    from flashspark.spec import FixedK, speculative_generate
+
+    drafter = load_dflash(args.dflash or data.ASSETS_DIR / "dflash", target)
+    scheduler = FixedK(drafter.block_size - 1 if k is None else k)
+
+    def decode(prompts, max_new_tokens, temperature, seed):
+        return speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, seed=seed, scheduler=scheduler)
+    return decode
+
+
+METHODS = {"ar": make_ar, "dflash": make_dflash}
+
+
+def parse_method(spec: str) -> tuple[str, int | None]:
+    name, _, opt = spec.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    k = None
+    if opt:
+        key, _, val = opt.partition("=")
+        if key != "k" or not val.isdigit():
+            raise ValueError(f"method option {opt!r} not understood; use name:k=N")
+        k = int(val)
+    return name, k
+
+
+def run(args) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=device)
+    tok = data.load_tokenizer()
+    prompts = data.heldout_prompts(args.task, max(max(args.concurrency), args.min_prompts), args.prompt_tokens, tok)
+    methods = {spec: METHODS[name](args, target, k) for spec, (name, k) in
+               ((s, parse_method(s)) for s in args.methods)}
+    if "ar" not in methods:
+        methods = {"ar": make_ar(args, target, None), **methods}
+    for decode in methods.values():  # warm up allocator and kernels
+        decode(prompts[:2], 8, args.temperature, 0)
+    print(f"{'method':>12} {'conc':>5} {'tau':>6} {'tokens/s':>10} {'vs plain':>9} {'ms/step':>8}  same as plain")
+    rows = []
+    for c in args.concurrency:
+        # At least min_prompts prompts per row (batches of c), so low concurrency is not one prompt's luck.
+        batches = [prompts[i:i + c] for i in range(0, max(c, args.min_prompts), c)]
+        plain_out, plain_tps = None, None
+        for spec, decode in methods.items():
+            best = None
+            for r in range(args.repeats):
+                outs, sts = [], []
+                for batch in batches:
+                    out, st = decode(batch, args.max_new_tokens, args.temperature, r)
+                    outs += out
+                    sts.append(st)
+                st = _merge(sts)
+                if best is None or st["seconds"] < best[1]["seconds"]:
+                    best = (outs, st)
+            out, st = best
+            tau = st["tau"]
+            if spec == "ar":
+                plain_out, plain_tps = out, st["tokens_per_s"]
+            same = out == plain_out if args.temperature == 0 else None
+            row = {"method": spec, "concurrency": c, "prompts": len(out), "tau": tau,
+                   "tokens_per_s": st["tokens_per_s"], "per_request_tokens_per_s": st["tokens_per_s"] / c,
+                   "speedup": st["tokens_per_s"] / plain_tps, "ms_per_step": st["ms_per_step"],
+                   "seconds": st["seconds"], "new_tokens": st["new_tokens"], "same_as_plain": same,
+                   "acceptance_per_position": st.get("acceptance_per_position"),
+                   "phase_seconds": st.get("phase_seconds")}
+            rows.append(row)
+            print(f"{spec:>12} {c:>5} {tau:>6.2f} {row['tokens_per_s']:>10.1f} {row['speedup']:>8.2f}x "
+                  f"{row['ms_per_step']:>8.2f}  {'' if same is None else ('yes' if same else 'NO')}", flush=True)
+    hw = hardware_string()
+    if device.type == "cuda":
+        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
+    return {
+        "benchmark": "e2e", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "command": "python bench/e2e_bench.py " + shlex.join(sys.argv[1:]),
+        "target": str(args.model or "shipped target"), "dflash": str(args.dflash or "shipped drafter"),
+        "task": args.task, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature, "min_prompts": args.min_prompts,
+        "decoding": "no early stop; best of repeats; at least min_prompts prompts per row, in batches of c",
+        "repeats": args.repeats, "methods": list(methods), "results": rows,
+    }
+
+
+def _merge(stats: list[dict]) -> dict:
+    """Totals over the batches of one row: tokens/s over their summed time, tau over all request-steps."""
+    seconds = sum(s["seconds"] for s in stats)
+    new = sum(s["new_tokens"] for s in stats)
+    # One loop iteration per target forward: ar counts forwards, speculative methods request-steps.
+    iters = sum(s.get("forwards", 0) or s["steps"] / max(1, s["requests"]) for s in stats)
+    steps = sum(s.get("steps", 0) for s in stats)
+    merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
+              "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
+              "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0}
+    if "phase_seconds" in stats[0]:
+        merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
+        tried = [s["acceptance_per_position"] for s in stats]
+        merged["acceptance_per_position"] = [sum(col) / len(col) for col in zip(*tried)]
+    return merged
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for m in result["methods"]:
+        pts = [(r["concurrency"], r["tokens_per_s"]) for r in result["results"] if r["method"] == m]
+        ax.plot(*zip(*pts), marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["concurrency"] for r in result["results"]}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("concurrency (requests per batch)")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(f"flashspark end to end, T = {result['temperature']:g}, {result['device']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--methods", nargs="+", default=["ar", "dflash", "dflash:k=3", "dflash:k=1"],
+                   help="name[:k=K]; known: " + ", ".join(METHODS))
+    p.add_argument("--model", default=None, help="target model directory (default: shipped)")
+    p.add_argument("--dflash", default=None, help="DFlash drafter directory (default: shipped)")
+    p.add_argument("--task", default="code", choices=data.TASKS)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
+    p.add_argument("--min-prompts", type=int, default=8, help="prompts per row at least (batches of c)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quick", action="store_true", help="concurrency 1 4 16, 48 new tokens, 1 repeat")
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e_bench[_quick][_t1].json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 4
+    suffix = ("_quick" if args.quick else "") + (f"_t{args.temperature:g}" if args.temperature else "")
+    out = Path(args.out) if args.out else RESULTS / f"e2e_bench{suffix}.json"
+    try:
+        for m in args.methods:
+            parse_method(m)
+        result = run(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""DFlash drafter: a block-diffusion drafter conditioned on the target by KV injection.
+
+Context features: the hidden states of `len(target_layer_ids)` target layers are
+concatenated, projected by `fc` and RMS-normalized (`hidden_norm`), giving one
+feature H_t per committed token. In every drafter layer H_t goes through that
+layer's k_proj/v_proj, k_norm and RoPE (no input norm, no Q, no o_proj, no MLP)
+and joins the keys and values of the block.
+
+A block is `[anchor, MASK x (gamma - 1)]` at absolute positions
+ctx_len ... ctx_len + gamma - 1; the anchor is the last committed token (its
+target hidden state does not exist yet). The block attends to all of its
+context and to itself with no mask, so one forward drafts the whole block:
+block position k predicts the token at ctx_len + k.
+
+Embedding and LM head belong to the target (shared, frozen, not saved here).
+Parameter names: `fc`, `hidden_norm`, `layers.{i}.self_attn.q_proj` ..., `norm`.
+
+Two forms of the same function:
+  * `forward` (training, tests): context features of whole sequences and many
+    blocks packed together under an explicit mask, plain PyTorch (SDPA);
+  * `inject` + `draft_logits` (inference): context K/V in a static cache that
+    only grows by committed tokens, via the `inject_context_kv` and
+    `block_diffusion_attention` ops (`use_ops=True`) or a vectorized PyTorch
+    equivalent (`use_ops=False`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops, reference
+from .config import Qwen3Config
+from .qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, RMSNorm, apply_rope
+
+WEIGHTS_NAME = "model.safetensors"
+
+block_diffusion_attention = ops.block_diffusion_attention
+inject_context_kv = ops.inject_context_kv
+
+
+def target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]:
+    """Feature layers spread from the 2nd to the 3rd-from-last layer:
+    round(1 + i * (L - 4) / (n - 1)), clamped into range for tiny targets."""
+    L, n = num_target_layers, num_features
+    if n == 1:
+        return [min(1, L - 1)]
+    return [min(max(round(1 + i * (L - 4) / (n - 1)), 0), L - 1) for i in range(n)]
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    vocab_size: int = 4096
+    block_size: int = 8                      # gamma
+    target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    mask_token_id: int = 1
+    torch_dtype: str = "bfloat16"
+    architectures: list[str] = field(default_factory=lambda: ["DFlashDraftModel"])
+    model_type: str = "dflash"
+
+    def __post_init__(self):
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @classmethod
+    def for_target(cls, target: Qwen3Config, num_hidden_layers: int = 2, block_size: int = 8,
+                   mask_token_id: int = 1, num_features: int = 5, **kw) -> "DFlashConfig":
+        """A drafter with the target's widths and feature layers."""
+        return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
+                   num_hidden_layers=num_hidden_layers, num_attention_heads=target.num_attention_heads,
+                   num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
+                   rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+                   max_position_embeddings=target.max_position_embeddings, vocab_size=target.vocab_size,
+                   block_size=block_size, mask_token_id=mask_token_id,
+                   target_layer_ids=target_layer_ids(target.num_hidden_layers, num_features), **kw)
+
+    def qwen3(self) -> Qwen3Config:
+        """The Qwen3 layer shape of the drafter's decoder layers."""
+        names = {f.name for f in dataclasses.fields(Qwen3Config)}
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k in names and k not in ("architectures", "model_type")}
+        return Qwen3Config(**d)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "DFlashConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"drafter config {path} not found")
+        d = json.loads(path.read_text())
+        if d.get("model_type") != "dflash":
+            raise ValueError(f"{path} is not a DFlash drafter config (model_type {d.get('model_type')!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class DFlashCache(NamedTuple):
+    """Context K/V of every drafter layer: [num_layers, batch, Hkv, max_len, head_dim],
+    the layout of the target's KVCache (one layer is a [B, Hkv, S_max, D] slice)."""
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class DFlashAttention(Qwen3Attention):
+    """Qwen3 attention weights; queries from the block only, keys/values from
+    the injected context and the block."""
+
+    def project_block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """q [B, Q, Hq, D], k, v [B, Q, Hkv, D] of normalized block states x [B, Q, hidden]."""
+        B, Q, _ = x.shape
+        q = apply_rope(self.q_norm(self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)), cos, sin)
+        return q, k, self.v_proj(x).view(B, Q, self.num_kv_heads, self.head_dim)
+
+    def project_context(self, h: torch.Tensor):
+        """k, v [..., Hkv, D] of context features h [..., hidden], before k_norm and RoPE."""
+        shape = h.shape[:-1] + (self.num_kv_heads, self.head_dim)
+        return self.k_proj(h).view(shape), self.v_proj(h).view(shape)
+
+
+class DFlashDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__(cfg)
+        self.self_attn = DFlashAttention(cfg)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, config: DFlashConfig, target: Qwen3ForCausalLM | None = None, use_ops: bool = True):
+        super().__init__()
+        self.config = config
+        D, n = config.hidden_size, len(config.target_layer_ids)
+        qcfg = config.qwen3()
+        self.fc = nn.Linear(n * D, D, bias=False)
+        self.hidden_norm = RMSNorm(D, config.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashDecoderLayer(qcfg) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(D, config.rms_norm_eps)
+        self.use_ops = use_ops
+        self.register_buffer("cos_sin", reference.rope_cos_sin_cache(
+            config.max_position_embeddings + 2 * config.block_size, config.head_dim, config.rope_theta), persistent=False)
+        self._rope = None  # cos, sin tables expanded for apply_rope, built on first use
+        self._shared: dict[str, torch.Tensor] = {}  # the target's embedding / LM head (attach); never saved
+        if target is not None:
+            self.attach(target)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def attach(self, target: Qwen3ForCausalLM) -> "DFlashDrafter":
+        """Share the target's (frozen) embedding and LM head."""
+        c, t = self.config, target.config
+        if (t.hidden_size, t.vocab_size) != (c.hidden_size, c.vocab_size) or max(c.target_layer_ids) >= t.num_hidden_layers:
+            raise ValueError(f"drafter (hidden {c.hidden_size}, vocab {c.vocab_size}, layers {c.target_layer_ids}) "
+                             f"does not fit the target (hidden {t.hidden_size}, vocab {t.vocab_size}, "
+                             f"{t.num_hidden_layers} layers)")
+        self._shared = {"embed": target.model.embed_tokens.weight, "head": target.lm_head.weight}
+        return self
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self._shared["embed"]
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self._shared["head"]
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Same scheme as the target: N(0, 0.02), residual outputs scaled down."""
+        g = torch.Generator().manual_seed(seed)
+        resid_std = 0.02 / (2 * max(1, self.config.num_hidden_layers)) ** 0.5
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.copy_(torch.randn(p.shape, generator=g) * resid_std)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+    # ------------------------------------------------------------------ pieces
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """H_t [..., D] from the target's hidden states [..., n_feat, D]."""
+        return self.hidden_norm(self.fc(target_hidden.flatten(-2).to(self.fc.weight.dtype)))
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, sin [*positions.shape, 1, D] for rotate-half RoPE (the values of `cos_sin`)."""
+        if self._rope is None or self._rope[0].dtype != dtype or self._rope[0].device != positions.device:
+            half = self.config.head_dim // 2
+            cos, sin = self.cos_sin[:, :half], self.cos_sin[:, half:]
+            self._rope = (torch.cat((cos, cos), -1).to(dtype).unsqueeze(-2),
+                          torch.cat((sin, sin), -1).to(dtype).unsqueeze(-2))
+        return self._rope[0][positions], self._rope[1][positions]
+
+    def _block_embeddings(self, anchor: torch.Tensor) -> torch.Tensor:
+        g = self.config.block_size
+        tokens = torch.full((anchor.shape[0], g), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
+        tokens[:, 0] = anchor
+        return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Shared LM head on final-normed block states."""
+        return F.linear(hidden, self.head_weight.to(hidden.dtype)).float()
+
+    # ------------------------------------------------------------ training form
+    def forward(self, target_hidden: torch.Tensor, block_tokens: torch.Tensor, block_positions: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """Plain PyTorch form: final-normed block states [B, Q, D].
+
+        target_hidden [B, S, n_feat, D]: target features of context positions 0..S-1;
+        block_tokens, block_positions [B, Q]: the packed blocks' tokens and absolute
+        positions; mask [B, Q, S + Q] bool, True = query attends to (context, then block) key.
+        """
+        B, S = target_hidden.shape[:2]
+        ctx = self.context_features(target_hidden)
+        ctx_cos, ctx_sin = self._cos_sin(torch.arange(S, device=ctx.device)[None].expand(B, S), ctx.dtype)
+        x = F.embedding(block_tokens, self.embed_weight).to(ctx.dtype)
+        cos, sin = self._cos_sin(block_positions, x.dtype)
+        attn_mask = mask[:, None]
+        for layer in self.layers:
+            attn = layer.self_attn
+            q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
+            kc, vc = attn.project_context(ctx)
+            kc = apply_rope(attn.k_norm(kc), ctx_cos, ctx_sin)
+            k = torch.cat((kc, kb), 1).transpose(1, 2)
+            v = torch.cat((vc, vb), 1).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=attn_mask,
+                                                 enable_gqa=attn.num_heads != attn.num_kv_heads)
+            x = x + attn.o_proj(out.transpose(1, 2).flatten(2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    # ----------------------------------------------------------- inference form
+    def new_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> DFlashCache:
+        c = self.config
+        dtype = dtype or self.fc.weight.dtype
+        device = device or self.fc.weight.device
+        shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
+        return DFlashCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+
+    def inject(self, cache: DFlashCache, target_hidden: torch.Tensor, positions: torch.Tensor,
+               slots: torch.Tensor) -> None:
+        """Write the context K/V of N committed tokens into every layer's cache.
+
+        target_hidden [N, n_feat, D]; positions [N] absolute positions (= cache
+        index); slots [N] batch rows.
+        """
+        h = self.context_features(target_hidden)
+        positions = positions.to(torch.int64)
+        slots = slots.to(torch.int32)
+        eps = self.config.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            k, v = attn.project_context(h)
+            if self.use_ops:
+                inject_context_kv(k, v, positions, slots, attn.k_norm.weight.float(), self.cos_sin, eps,
+                                  cache.k[i], cache.v[i])
+            else:
+                cos, sin = self._cos_sin(positions, k.dtype)
+                k = apply_rope(attn.k_norm(k), cos, sin)
+                cache.k[i][slots.long(), :, positions] = k.to(cache.k.dtype)
+                cache.v[i][slots.long(), :, positions] = v.to(cache.v.dtype)
+
+    def draft_hidden(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Final-normed states [B, gamma, D] of the blocks [anchor, MASK...] at positions ctx_lens + j."""
+        g = self.config.block_size
+        x = self._block_embeddings(anchor)
+        cos, sin = self._cos_sin(ctx_lens.to(torch.int64)[:, None] + torch.arange(g, device=x.device), x.dtype)
+        ctx_lens32 = ctx_lens.to(torch.int32)
+        attend = block_diffusion_attention if self.use_ops else block_attention_sdpa
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
+            out = attend(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim ** -0.5)
+            x = x + attn.o_proj(out.flatten(2))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """[B, gamma - 1, V] float32 logits of block positions 1..gamma-1."""
+        return self.logits(self.draft_hidden(cache, anchor, ctx_lens)[:, 1:])
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def block_attention_sdpa(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
+    """`block_diffusion_attention` in plain PyTorch (SDPA with a context-length
+    mask over the longest context of the batch); same arguments and result."""
+    B, G, Hq, D = q.shape
+    n = max(1, int(ctx_lens.max()))
+    k = torch.cat((k_cache[:, :, :n], k_block.transpose(1, 2)), 2)
+    v = torch.cat((v_cache[:, :, :n], v_block.transpose(1, 2)), 2)
+    keep = torch.arange(n + G, device=q.device)[None] < ctx_lens.to(torch.int64)[:, None]
+    keep[:, n:] = True
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype),
+                                         attn_mask=keep[:, None, None], scale=scale,
+                                         enable_gqa=Hq != k_block.shape[2])
+    return out.transpose(1, 2)
+
+
+def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Training mask [B, nb * gamma, S + nb * gamma] for blocks packed in a
+    sequence: block j's queries see context positions < anchors[:, j] and their
+    own block, nothing else."""
+    B, nb = anchors.shape
+    Q = nb * block_size
+    block_of = torch.arange(Q, device=anchors.device) // block_size
+    ctx = torch.arange(context_len, device=anchors.device)[None, None] < anchors.repeat_interleave(block_size, 1)[..., None]
+    own = (block_of[:, None] == block_of[None, :])[None].expand(B, Q, Q)
+    return torch.cat((ctx, own), -1)
+
+
+def packed_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
+    """Block tokens and positions [B, nb * gamma] for anchors [B, nb]: [tokens[a], MASK...] at a .. a + gamma - 1."""
+    B, nb = anchors.shape
+    positions = (anchors[..., None] + torch.arange(block_size, device=anchors.device)).reshape(B, -1)
+    block_tokens = torch.full_like(positions, mask_token_id)
+    block_tokens[:, ::block_size] = tokens.gather(1, anchors)
+    return block_tokens, positions
+
+
+# ---------------------------------------------------------------------- I/O
+def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """config.json + model.safetensors holding only the drafter's own weights."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
+    cfg = dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch."))
+    cfg.save(path / "config.json")
+    save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_dflash(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
+                use_ops: bool = True) -> DFlashDrafter:
+    """Drafter from a directory, attached to `target` (dtype and device follow the target by default)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter directory {path} not found")
+    config = DFlashConfig.from_file(path)
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"drafter weights {weights} not found")
+    drafter = DFlashDrafter(config, use_ops=use_ops)
+    state = load_file(str(weights))
+    want = drafter.state_dict()
+    missing = sorted(set(want) - set(state))
+    if missing:
+        raise ValueError(f"drafter checkpoint {path} is missing tensors: {', '.join(missing[:5])}")
+    for n, t in want.items():
+        if tuple(state[n].shape) != tuple(t.shape):
+            raise ValueError(f"tensor {n} has shape {tuple(state[n].shape)} but config.json implies {tuple(t.shape)}")
+    drafter.load_state_dict({n: state[n].float() for n in want})
+    p = target.model.embed_tokens.weight
+    drafter.to(device=p.device, dtype=dtype or p.dtype)
+    drafter.cos_sin = drafter.cos_sin.float()  # the RoPE table stays fp32
+    return drafter.attach(target).eval()

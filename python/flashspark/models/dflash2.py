@@ -1,0 +1,347 @@
+"""DFlash 2 drafter: the DFlash backbone with two-tap dynamic convs, plus a path selector.
+
+Two patches on DFlash (DESIGN.md §1 "DFlash 2"):
+
+* **Two-tap dynamic depthwise convs** around every attention and MLP sublayer.
+  The "prepare" conv runs after the sublayer's norm, the "finish" conv on the
+  sublayer's output before the residual add. Each computes
+  ``out[t, c] = (base[0, c] + δ[t, 0, c // 16]) · x[t, c] + (base[1, c] + δ[t, 1, c // 16]) · x[t - 1, c]``
+  with ``x[t - 1] = 0`` at the first row of a block and ``δ = Linear(H → 2·H/16)(x)``.
+  Identity at init, so a fresh DFlash 2 backbone computes exactly DFlash (and
+  can start from trained DFlash weights). The convs only see block rows: the
+  injected context features skip the input norm and the sublayers, so KV
+  injection and the drafter cache are DFlash's, unchanged.
+
+  The convs live *inside* the modules the DFlash layer loop already calls
+  (`input_layernorm`, `post_attention_layernorm`, `self_attn.o_proj`, `mlp`),
+  so both DFlash forms (`forward` for training, `inject` + `draft_hidden` for
+  inference) run unmodified and stay equal to each other.
+
+* **Path selector** over the Top-K lattice of the block: unary U_t = Top-K
+  log-probs of the backbone logits, ``S_t(a, b) = U_t(b) + <A[a] ⊙ g_t, B[b]>``
+  with ``g_t = W_h h_t``; the anchor is the predecessor at t = 0. Paths come
+  from `ops.path_select` (backtrack | greedy | sample).
+
+Inference uses the ops (`two_tap_conv`, `topk_select`, `path_select`) when
+`use_ops` is set and no gradient is needed; otherwise the differentiable
+references in `flashspark.reference`, which compute the same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops, reference
+from .dflash import WEIGHTS_NAME, DFlashCache, DFlashConfig, DFlashDrafter, save_dflash
+from .qwen3 import Qwen3ForCausalLM, Qwen3MLP, RMSNorm
+
+CONV_GROUP = reference.CONV_GROUP  # channels sharing one dynamic tap (fixed by the op)
+
+
+@dataclass
+class DFlash2Config(DFlashConfig):
+    selector_rank: int = 64        # r of the A/B factors (256 at full scale)
+    selector_topk: int = 16        # K candidates per block position (<= 16, the op's bound)
+    architectures: list[str] = field(default_factory=lambda: ["DFlash2DraftModel"])
+    model_type: str = "dflash2"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 1 <= self.selector_topk <= 16:
+            raise ValueError(f"selector_topk must lie in [1, 16], got {self.selector_topk}")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "DFlash2Config":
+        return _config_from_file(cls, path)
+
+
+def _config_from_file(cls, path):
+    """Config of class `cls` from config.json, checking its model_type (shared by DFlash 2 and DSpark)."""
+    import json
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"drafter config {path} not found")
+    d = json.loads(path.read_text())
+    want = cls.__dataclass_fields__["model_type"].default
+    if d.get("model_type") != want:
+        raise ValueError(f"{path} is not a {want} drafter config (model_type {d.get('model_type')!r})")
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ---------------------------------------------------------------------- two-tap conv
+class TwoTapConv(nn.Module):
+    """Two-tap dynamic depthwise conv over blocks of `block_size` consecutive rows."""
+
+    def __init__(self, channels: int, block_size: int):
+        super().__init__()
+        self.groups = (channels + CONV_GROUP - 1) // CONV_GROUP
+        self.block_size = block_size
+        self.base = nn.Parameter(torch.zeros(2, channels))
+        self.proj = nn.Linear(channels, 2 * self.groups, bias=False)
+        self.use_ops = False
+        self.reset_identity()
+
+    def reset_identity(self) -> None:
+        """base[0] = 1, base[1] = 0, δ = 0: the conv returns its input."""
+        with torch.no_grad():
+            self.base.zero_()
+            self.base[0] = 1.0
+            self.proj.weight.zero_()
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., T, C] with T a multiple of block_size; optional residual added (fused in the op)."""
+        delta = self.proj(x).unflatten(-1, (2, self.groups))
+        # The op has no autograd: use it only when nothing needs a gradient.
+        if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or self.base.requires_grad)):
+            res = None if residual is None else residual.to(x.dtype)
+            return ops.two_tap_conv(x, self.base.to(x.dtype), delta.to(x.dtype), self.block_size, residual=res)
+        return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
+
+
+class PreparedRMSNorm(RMSNorm):
+    """RMSNorm followed by the sublayer's "prepare" conv (parameter names: weight, conv.*)."""
+
+    def __init__(self, dim: int, eps: float, block_size: int):
+        super().__init__(dim, eps)
+        self.conv = TwoTapConv(dim, block_size)
+
+    def forward(self, x):
+        return self.conv(super().forward(x))
+
+
+class FinishedLinear(nn.Linear):
+    """The attention's o_proj followed by the "finish" conv on the sublayer output."""
+
+    def __init__(self, in_features: int, out_features: int, block_size: int):
+        super().__init__(in_features, out_features, bias=False)
+        self.conv = TwoTapConv(out_features, block_size)
+
+    def forward(self, x):
+        return self.conv(super().forward(x))
+
+
+class FinishedMLP(Qwen3MLP):
+    """SwiGLU MLP followed by the "finish" conv on its output."""
+
+    def __init__(self, cfg, block_size: int):
+        super().__init__(cfg)
+        self.conv = TwoTapConv(cfg.hidden_size, block_size)
+
+    def forward(self, x):
+        return self.conv(super().forward(x))
+
+
+# ---------------------------------------------------------------------- path selector
+class PathSelector(nn.Module):
+    """``S_t(a, b) = U_t(b) + <A[a] ⊙ W_h h_t, B[b]>`` over the Top-K lattice."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
+        super().__init__()
+        self.w_h = nn.Linear(hidden_size, rank, bias=False)
+        self.a_emb = nn.Parameter(torch.zeros(vocab_size, rank))
+        self.b_emb = nn.Parameter(torch.zeros(vocab_size, rank))
+
+    def reset(self, generator: torch.Generator) -> None:
+        # Small factors: the pair term starts near 0, so the first paths are the unary argmax (DFlash).
+        with torch.no_grad():
+            for p in (self.w_h.weight, self.a_emb, self.b_emb):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+
+    def pair_scores(self, unary: torch.Tensor, cand_ids: torch.Tensor, prev: torch.Tensor,
+                    g: torch.Tensor) -> torch.Tensor:
+        """Differentiable score rows ``S_t(prev, ·)`` [..., K] for one predecessor per row.
+
+        unary [..., K] fp32; cand_ids [..., K]; prev [...] token ids; g [..., r].
+        """
+        ag = F.embedding(prev, self.a_emb).float() * g.float()                  # [..., r]
+        return unary + (F.embedding(cand_ids.long(), self.b_emb).float() * ag[..., None, :]).sum(-1)
+
+
+class PathSignals(NamedTuple):
+    """Per draft position [B, γ - 1]: what a confidence proxy reads (DESIGN.md §1, the combination)."""
+    chosen_prob: torch.Tensor   # softmax(score row)[chosen] at T = 1
+    margin: torch.Tensor        # score of the chosen candidate minus the best other one (logit units)
+    unary_top1: torch.Tensor    # the backbone's top-1 probability at the position
+    entropy: torch.Tensor       # entropy (nats) of softmax(score row) over the K candidates
+    position: torch.Tensor      # block position k = 1 .. γ - 1 (int64)
+
+    def features(self) -> torch.Tensor:
+        """[B, γ - 1, 4] float32: chosen_prob, margin, unary_top1, entropy (the order of
+        `spec.proxy.SIGNALS`; the position is the column index)."""
+        return torch.stack([self.chosen_prob, self.margin, self.unary_top1, self.entropy], -1).float()
+
+
+def path_signals(scores: torch.Tensor, choice: torch.Tensor, unary: torch.Tensor) -> PathSignals:
+    """Signals from path_select's score rows [B, P, K], choices [B, P] and unary log-probs [B, P, K]."""
+    scores = scores.float()
+    choice = choice.long()[..., None]
+    logp = torch.log_softmax(scores, -1)
+    chosen = scores.gather(-1, choice)[..., 0]
+    others = scores.scatter(-1, choice, float("-inf"))
+    margin = chosen - others.max(-1).values if scores.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
+    B, P = choice.shape[:2]
+    position = torch.arange(1, P + 1, device=scores.device).expand(B, P)
+    return PathSignals(logp.gather(-1, choice)[..., 0].exp(), margin, unary[..., 0].exp(),
+                       -(logp.exp() * logp).sum(-1), position)
+
+
+# ---------------------------------------------------------------------- drafter
+class DFlash2Drafter(DFlashDrafter):
+    """DFlash backbone with two-tap convs in every layer, and a path selector head."""
+
+    def __init__(self, config: DFlash2Config, target: Qwen3ForCausalLM | None = None, use_ops: bool = True):
+        super().__init__(config, target, use_ops=use_ops)
+        qcfg, g, D = config.qwen3(), config.block_size, config.hidden_size
+        for layer in self.layers:
+            layer.input_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
+            layer.post_attention_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
+            attn = layer.self_attn
+            attn.o_proj = FinishedLinear(attn.num_heads * attn.head_dim, D, g)
+            layer.mlp = FinishedMLP(qcfg, g)
+        self.selector = PathSelector(D, config.vocab_size, config.selector_rank)
+        self.use_ops = use_ops  # reach the convs just created
+
+    @property
+    def use_ops(self) -> bool:
+        return self._use_ops
+
+    @use_ops.setter
+    def use_ops(self, value: bool) -> None:
+        # The convs sit inside the layers and need the flag too.
+        object.__setattr__(self, "_use_ops", bool(value))
+        if "layers" in self._modules:
+            for m in self.convs():
+                m.use_ops = bool(value)
+
+    def convs(self) -> list[TwoTapConv]:
+        return [m for m in self.modules() if isinstance(m, TwoTapConv)]
+
+    def init_weights(self, seed: int = 0) -> None:
+        """DFlash's init for the backbone, then identity convs and a near-zero pair term."""
+        super().init_weights(seed)
+        for m in self.convs():
+            m.reset_identity()
+        self.selector.reset(torch.Generator().manual_seed(seed + 1))
+
+    def load_dflash_backbone(self, state: dict[str, torch.Tensor]) -> None:
+        """Start from a DFlash drafter's weights; the convs are reset to the identity, so the
+        backbone is exactly that drafter."""
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if unexpected:
+            raise ValueError(f"not a DFlash backbone: unexpected tensors {unexpected[:5]}")
+        bad = [n for n in missing if ".conv." not in n and not n.startswith("selector.")]
+        if bad:
+            raise ValueError(f"DFlash checkpoint is missing backbone tensors {bad[:5]}")
+        for m in self.convs():
+            m.reset_identity()
+
+    # ------------------------------------------------------------ selector
+    def lattice(self, hidden: torch.Tensor, use_ops: bool | None = None):
+        """Top-K lattice of final-normed draft states hidden [..., D]:
+        (cand_ids [..., K] int32, unary log-probs [..., K] fp32, g = W_h h [..., r])."""
+        use_ops = self.use_ops if use_ops is None else use_ops
+        logits = self.logits(hidden)
+        topk = ops.topk_select if use_ops else reference.topk_select_reference
+        values, ids, lse = topk(logits, self.config.selector_topk)
+        g = self.selector.w_h(hidden)
+        return ids, values - lse[..., None], g
+
+    @torch.no_grad()
+    def propose(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, mode: str = "backtrack",
+                temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
+                offsets: torch.Tensor | None = None):
+        """Draft a block: (drafts [B, γ-1] int64, cand_ids [B, γ-1, K] int32,
+        q [B, γ-1, K] fp32 in sample mode (sparse q for `verify` with cand_ids) else None,
+        PathSignals).
+
+        Draft k (1..γ-1) draws at Philox position ``offsets[b] + k - 1``, like the loop's DFlash drafts.
+        """
+        hidden = self.draft_hidden(cache, anchor, ctx_lens)[:, 1:]
+        cand_ids, unary, g = self.lattice(hidden)
+        select = ops.path_select if self.use_ops else _path_select_reference
+        dtype = self.selector.a_emb.dtype
+        tokens, choice, scores, q = select(cand_ids, unary, self.selector.a_emb, self.selector.b_emb, g.to(dtype),
+                                           anchor, mode=mode, temperature=temperature, seeds=seeds, offsets=offsets)
+        signals = path_signals(scores, choice, unary)
+        return tokens.long(), cand_ids, (q if mode == "sample" else None), signals
+
+    def selector_loss(self, hidden: torch.Tensor, logits: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor,
+                      weights: torch.Tensor | None = None):
+        """Teacher-forced selector cross-entropy over the Top-K scores.
+
+        hidden [..., D] final-normed draft states, logits [..., V] their backbone logits,
+        prev [...] the true previous tokens (the anchor at block position 1), labels [...]
+        the true tokens, weights [...] optional per-position weights. Positions whose
+        label is not among the Top-K are masked out. Returns (loss, in_topk [...] bool,
+        selector top-1 hit [...] bool).
+        """
+        logp = torch.log_softmax(logits.float(), -1)
+        unary, cand = logp.topk(self.config.selector_topk, -1)
+        scores = self.selector.pair_scores(unary, cand, prev, self.selector.w_h(hidden))
+        match = cand == labels[..., None]
+        in_topk = match.any(-1)
+        ce = F.cross_entropy(scores.flatten(0, -2), match.float().argmax(-1).flatten(), reduction="none")
+        w = in_topk.float() if weights is None else in_topk.float() * weights
+        loss = (ce.view(in_topk.shape) * w).sum() / w.sum().clamp(min=1e-6)
+        return loss, in_topk, (scores.argmax(-1) == match.float().argmax(-1)) & in_topk
+
+
+def _path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, *, mode, temperature=None, seeds=None,
+                           offsets=None):
+    """`reference.path_select_reference` with `ops.path_select`'s keyword defaults."""
+    r, dev = cand_ids.shape[0], cand_ids.device
+    temperature = torch.ones(r, device=dev) if temperature is None else temperature
+    seeds = torch.zeros(r, dtype=torch.int64, device=dev) if seeds is None else seeds
+    offsets = torch.zeros(r, dtype=torch.int64, device=dev) if offsets is None else offsets
+    return reference.path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets)
+
+
+# ---------------------------------------------------------------------- I/O
+def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """config.json + model.safetensors (the drafter's own weights: backbone, convs, selector)."""
+    save_dflash(drafter, path, dtype)
+
+
+def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None,
+                 use_ops: bool = True):
+    """A drafter of class `drafter_cls` from a directory, attached to `target`
+    (the checks of `models.dflash.load_dflash` for any drafter class)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter directory {path} not found")
+    config = config_cls.from_file(path)
+    weights = path / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"drafter weights {weights} not found")
+    drafter = drafter_cls(config, use_ops=use_ops)
+    state = load_file(str(weights))
+    want = drafter.state_dict()
+    missing = sorted(set(want) - set(state))
+    if missing:
+        raise ValueError(f"drafter checkpoint {path} is missing tensors: {', '.join(missing[:5])}")
+    for n, t in want.items():
+        if tuple(state[n].shape) != tuple(t.shape):
+            raise ValueError(f"tensor {n} has shape {tuple(state[n].shape)} but config.json implies {tuple(t.shape)}")
+    drafter.load_state_dict({n: state[n].float() for n in want})
+    p = target.model.embed_tokens.weight
+    drafter.to(device=p.device, dtype=dtype or p.dtype)
+    drafter.cos_sin = drafter.cos_sin.float()  # the RoPE table stays fp32
+    return drafter.attach(target).eval()
+
+
+def load_dflash2(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
+                 use_ops: bool = True) -> DFlash2Drafter:
+    return load_drafter(path, target, DFlash2Drafter, DFlash2Config, dtype, use_ops)

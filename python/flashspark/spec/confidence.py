@@ -1,0 +1,229 @@
+"""The DSpark confidence scheduler: how many drafts each request verifies,
+chosen for the whole batch from per-token survival confidences.
+
+DESIGN.md §1 "DSpark", scheduler:
+
+1. prefix survival ``a_{r,j} = ∏_{i≤j} c_{r,i}`` (the chance that drafts
+   1..j of request r are all accepted);
+2. all (request, position) slots of the batch sorted by a, globally;
+3. slots admitted in that order while ``Θ = τ · SPS(T)`` grows, where
+   ``τ = Σ_r (1 + Σ_{admitted j} a_{r,j})`` is the expected number of tokens
+   the step commits and SPS(T) the target's verify steps per second at T
+   verified tokens (every active request verifies its anchor row, so
+   T = active requests + admitted slots).
+
+Θ is evaluated for every prefix of the sorted order and the best prefix wins
+(the first one on ties). When Θ rises and then falls this is exactly "admit
+while Θ grows"; it also steps over the small dips a measured SPS table has.
+
+A prefix of the sorted order never admits position j of a request without
+position j - 1: a is non-increasing in j and ties sort by position.
+
+The SPS table comes from `profile_sps`, measured once on the running machine
+and cached in a JSON file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+
+class SPSTable:
+    """Steps per second of the target's verify forward as a function of the
+    verified tokens T: piecewise-linear between measured points, constant
+    beyond the ends."""
+
+    def __init__(self, tokens: Sequence[int], sps: Sequence[float]):
+        t = torch.as_tensor(tokens, dtype=torch.float64)
+        s = torch.as_tensor(sps, dtype=torch.float64)
+        if t.numel() == 0 or t.shape != s.shape:
+            raise ValueError("SPS table needs matching, non-empty token counts and rates")
+        if not bool((s > 0).all()):
+            raise ValueError("SPS values must be positive")
+        order = torch.argsort(t)
+        self.tokens, self.sps = t[order], s[order]
+        if bool((self.tokens[1:] == self.tokens[:-1]).any()):
+            raise ValueError("SPS table has repeated token counts")
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """SPS at token counts `tokens` (any shape), float64."""
+        x = torch.as_tensor(tokens, dtype=torch.float64).clamp(self.tokens[0], self.tokens[-1])
+        i = torch.searchsorted(self.tokens, x.contiguous(), right=True).clamp(1, max(1, self.tokens.numel() - 1))
+        if self.tokens.numel() == 1:
+            return self.sps[0].expand(x.shape).clone()
+        t0, t1 = self.tokens[i - 1], self.tokens[i]
+        s0, s1 = self.sps[i - 1], self.sps[i]
+        w = ((x - t0) / (t1 - t0)).clamp(0, 1)
+        return s0 + w * (s1 - s0)
+
+    def to_dict(self) -> dict:
+        return {"tokens": [int(x) for x in self.tokens.tolist()], "sps": self.sps.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SPSTable":
+        return cls(d["tokens"], d["sps"])
+
+
+def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
+    """a [B, K] = cumulative product of per-token confidences [B, K] clamped into [0, 1]
+    (non-increasing along K, also in floating point since every factor is <= 1)."""
+    return confidence.double().clamp(0.0, 1.0).cumprod(-1)
+
+
+def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTable,
+                    max_spec_len: int | None = None) -> torch.Tensor:
+    """Drafts to verify per request, int64 [B] (0 for inactive requests).
+
+    confidence [B, K'] per-token survival c_{r,j} for draft positions 1..K';
+    active [B] bool; only the first max_spec_len positions are candidates.
+    """
+    B = confidence.shape[0]
+    K = confidence.shape[1] if max_spec_len is None else min(max_spec_len, confidence.shape[1])
+    device = confidence.device
+    active = active.to(torch.bool).cpu()
+    a = prefix_survival(confidence[:, :K].detach().cpu())                       # [B, K]
+    n_active = int(active.sum())
+    k_b = torch.zeros(B, dtype=torch.int64)
+    if n_active == 0 or K == 0:
+        return k_b.to(device)
+    rows = active.nonzero()[:, 0]
+    a = a[rows]                                                                  # [R, K]
+    R = rows.numel()
+    req = torch.arange(R).repeat_interleave(K)
+    pos = torch.arange(K).repeat(R)
+    flat = a.flatten()
+    # Order: a descending; ties by position (prefix constraint), then request. Two stable sorts.
+    order = torch.argsort(pos, stable=True)
+    order = order[torch.argsort(-flat[order], stable=True)]
+    gains = flat[order]
+    tau = n_active + torch.cat([torch.zeros(1, dtype=torch.float64), gains.cumsum(0)])    # prefix of m slots
+    T = n_active + torch.arange(gains.numel() + 1, dtype=torch.float64)
+    theta = tau * sps(T)
+    m = int(torch.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
+    counts = torch.bincount(req[order[:m]], minlength=R)
+    k_b[rows] = counts
+    return k_b.to(device)
+
+
+class ConfidenceScheduler:
+    """Scheduler for the speculative loop (`spec.schedulers` interface): call it with the
+    step's `ScheduleState`; it reads per-token confidences [B, γ - 1] from
+    `state.confidence` and returns int64 [B] in [0, max_spec_len].
+
+    `confidence_fn(state)` supplies them instead where the state carries none (e.g.
+    ``lambda s: dspark_drafter.last_confidence``, or a DFlash 2 confidence proxy).
+
+    `delay` = 2 uses the confidences of two steps earlier, as engines do so that
+    scheduling adds no latency (the first steps use the oldest confidences they have).
+    """
+
+    def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None):
+        if max_spec_len < 0 or delay < 0:
+            raise ValueError("max_spec_len and delay must be >= 0")
+        self.max_spec_len = max_spec_len
+        self.sps = sps
+        self.delay = delay
+        self.confidence_fn = confidence_fn
+        self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
+
+    def reset(self) -> None:
+        self._history.clear()
+
+    def __call__(self, state) -> torch.Tensor:
+        conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
+        if conf is None:
+            raise ValueError("ConfidenceScheduler needs per-token confidences (ScheduleState.confidence)")
+        return self.schedule(conf, state.active)
+
+    def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        self._history.append(confidence.detach())
+        return schedule_tokens(self._history[0], active, self.sps, self.max_spec_len)
+
+    def __repr__(self) -> str:
+        return f"ConfidenceScheduler(max_spec_len={self.max_spec_len}, delay={self.delay})"
+
+
+# ---------------------------------------------------------------------- SPS profiling
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "flashspark"
+
+
+def _fingerprint(target, batch_size: int, context_len: int, token_counts: list[int], overhead_s: float) -> str:
+    """Key of a profile: target shape and dtype, the machine, the torch build and the grid."""
+    p = target.model.embed_tokens.weight
+    dev = str(p.device)
+    if p.device.type == "cuda":
+        dev += ":" + torch.cuda.get_device_name(p.device)
+    key = json.dumps({"config": target.config.to_dict(), "dtype": str(p.dtype), "device": dev,
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "batch": batch_size,
+                      "context": context_len, "tokens": token_counts, "overhead": overhead_s}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _split(total: int, batch_size: int) -> torch.Tensor:
+    """Spread `total` verified tokens over `batch_size` requests (ragged, each >= 1)."""
+    n = torch.full((batch_size,), total // batch_size, dtype=torch.int64)
+    n[: total % batch_size] += 1
+    return n
+
+
+@torch.no_grad()
+def profile_sps(target, batch_size: int, token_counts: Sequence[int] | None = None, context_len: int = 256,
+                repeats: int = 5, warmup: int = 2, overhead_s: float = 0.0, hidden_layers: list[int] | None = None,
+                cache_file: str | Path | None = None, refresh: bool = False) -> SPSTable:
+    """Measure SPS(T) = 1 / (seconds of one ragged verify forward of T tokens + overhead_s).
+
+    `batch_size` requests sit at `context_len` committed tokens; T (from batch_size up)
+    is spread over them as evenly as possible. `overhead_s` adds the per-step cost
+    that does not depend on T (drafting, verify, bookkeeping). Median of `repeats`
+    timings after `warmup`. Results are cached in `cache_file` (default: the user
+    cache dir, keyed by target, machine and grid); `refresh` re-measures.
+    """
+    if token_counts is None:
+        token_counts = sorted({batch_size * k for k in range(1, 9)})
+    token_counts = sorted({int(t) for t in token_counts})
+    if token_counts[0] < batch_size:
+        raise ValueError(f"every request verifies at least one token: token counts must be >= {batch_size}")
+    key = _fingerprint(target, batch_size, context_len, token_counts, overhead_s)
+    path = Path(cache_file) if cache_file else default_cache_dir() / f"sps_{key}.json"
+    if path.is_file() and not refresh:
+        d = json.loads(path.read_text())
+        if d.get("key") == key:
+            return SPSTable.from_dict(d)
+    p = target.model.embed_tokens.weight
+    device = p.device
+    width = max(-(-t // batch_size) for t in token_counts)
+    cache = target.new_cache(batch_size, context_len + width)
+    lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.config.vocab_size, (batch_size, width), generator=gen).to(device)
+    rates = []
+    for total in token_counts:
+        num_new = _split(total, batch_size).to(device)
+        s = int(num_new.max())
+        times = []
+        for i in range(warmup + repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            target(tokens[:, :s], cache, lens, num_new, hidden_layers=hidden_layers)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+        rates.append(1.0 / (statistics.median(times) + overhead_s))
+    table = SPSTable(token_counts, rates)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table.to_dict() | {"key": key, "batch_size": batch_size,
+                                                  "context_len": context_len}, indent=2) + "\n")
+    return table

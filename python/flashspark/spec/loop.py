@@ -1,0 +1,178 @@
+"""The speculative decoding loop: draft a block, verify it with one ragged
+target forward, commit, inject, repeat.
+
+Plain functions in the style of gpt-fast's `speculative_decode`: the whole
+loop is `speculative_generate`; statistics (tau, per-position acceptance,
+seconds per phase) are returned, never printed. Batched: requests finish at
+different times (EOS or max_new_tokens) and then verify 0 tokens and write
+nothing to the caches. Lossless at every temperature: greedy output equals
+plain greedy decoding token for token, sampled output follows the target's
+distribution (tests/test_spec_loop.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import ops
+from ..generate import check_prompts
+from ..models.dflash import DFlashDrafter
+from ..models.qwen3 import Qwen3ForCausalLM
+from .sampling import PURPOSE_DRAFT, PURPOSE_RESAMPLE, sample_logits
+from .schedulers import FixedK, ScheduleState
+
+
+@torch.no_grad()
+def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, prompts: list[list[int]],
+                         max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+                         eos_id: int | None = None, scheduler=None) -> tuple[list[list[int]], dict]:
+    """Decode all prompts as one batch; returns (new tokens per prompt, stats).
+
+    A request stops after `eos_id` (included) or `max_new_tokens` tokens.
+    `scheduler` (default: FixedK(gamma - 1)) says how many drafts each request
+    verifies per step. Request b draws from the Philox stream of seed
+    `(seed << 32) + b`.
+    """
+    device = target.model.embed_tokens.weight.device
+    g, B = drafter.block_size, len(prompts)
+    scheduler = scheduler or FixedK(g - 1)
+    K = scheduler.max_spec_len
+    if not 0 <= K <= g - 1:
+        raise ValueError(f"scheduler.max_spec_len = {K} must lie in [0, block size - 1 = {g - 1}]")
+    check_prompts(prompts, max_new_tokens, target.config.max_position_embeddings, target.config.vocab_size)
+    clock = _Clock(device)
+    if max_new_tokens == 0:
+        return [[] for _ in prompts], _stats(clock, [], torch.zeros(B), torch.zeros(B), torch.zeros(K), torch.zeros(K), 0)
+    layers = drafter.config.target_layer_ids
+    temp = torch.full((B,), float(temperature), device=device)
+    seeds = (seed << 32) + torch.arange(B, device=device)
+    ar = torch.arange(g, device=device)
+
+    # 1. Prefill the target (ragged prompts, right-padded), sample the first
+    #    token, inject the prompt's context features into the drafter cache.
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    P = int(lens.max())
+    tokens = torch.zeros(B, P, dtype=torch.int64, device=device)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = torch.tensor(p, device=device)
+    # Room for a finished request's last commit (up to g past max_new_tokens) plus a block of junk past it.
+    tcache = target.new_cache(B, P + max_new_tokens + 2 * g)
+    dcache = drafter.new_cache(B, P + max_new_tokens + 2 * g)
+    out = target(tokens, tcache, torch.zeros_like(lens), lens, hidden_layers=layers)
+    anchor, _ = sample_logits(out.logits[torch.arange(B, device=device), lens - 1][:, None], temp, seeds,
+                              torch.zeros(B, 1, dtype=torch.int64, device=device), PURPOSE_RESAMPLE)
+    anchor = anchor[:, 0]
+    # Padded positions hold junk features; they are never read (positions >= ctx_len) and get overwritten.
+    drafter.inject(dcache, out.hidden.flatten(0, 1), ar.new_tensor(range(P)).repeat(B),
+                   torch.arange(B, device=device).repeat_interleave(P))
+    out_buf = torch.zeros(B, max_new_tokens + 2 * g, dtype=torch.int64, device=device)
+    out_buf[:, 0] = anchor
+    n_out = torch.ones(B, dtype=torch.int64, device=device)
+    active = n_out < max_new_tokens
+    if eos_id is not None:
+        active &= anchor != eos_id
+    offsets = torch.ones(B, dtype=torch.int64, device=device)  # Philox position 0 drew the first token
+    steps, accepted = torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64)
+    pos_accepted, pos_tried = torch.zeros(K, dtype=torch.int64), torch.zeros(K, dtype=torch.int64)
+    slots = torch.arange(B, device=device).repeat_interleave(K + 1)
+    clock.tick("prefill")
+
+    while bool(active.any()):
+        # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1.
+        draft_logits = drafter.draft_logits(dcache, anchor, lens)
+        drafts, q = sample_logits(draft_logits, temp, seeds, offsets[:, None] + ar[:g - 1], PURPOSE_DRAFT,
+                                  want_probs=True)
+        clock.tick("draft")
+        # 3. How many drafts each request verifies (0 for finished requests).
+        k_b = scheduler(ScheduleState(active, lens, drafts, draft_logits))
+        clock.tick("schedule")
+        # 4. One ragged target forward over [anchor, d_1 .. d_k_b]; finished requests write nothing.
+        fwd = target(torch.cat((anchor[:, None], drafts[:, :K]), 1), tcache, lens, (k_b + 1) * active,
+                     hidden_layers=layers)
+        clock.tick("target")
+        # 5. Rejection-sampling verify of the k_b + 1 logits rows per request.
+        rows, flat_drafts, cu, flat_q = ragged_rows(fwd.logits, drafts[:, :K], None if q is None else q[:, :K], k_b)
+        vtokens, n_acc = ops.verify(rows, flat_drafts, cu, temperature=temp, seeds=seeds, offsets=offsets,
+                                    max_spec_len=K, draft_probs=flat_q)
+        offsets += g  # the drafter drew g - 1 positions and verify up to K + 1 <= g: never reuse a draw
+        clock.tick("verify")
+        # 6. Commit accepted drafts + the correction/bonus token; stop at EOS / max_new_tokens.
+        live = active.clone()  # the requests verified this step
+        vtokens, n_acc = vtokens.long(), n_acc.long()
+        n_emit = n_acc + 1
+        out_buf.scatter_(1, n_out[:, None] + ar[:K + 1], vtokens)  # columns past n_out + n_emit: overwritten later
+        if eos_id is not None:
+            hit = (vtokens == eos_id) & (ar[:K + 1] < n_emit[:, None])
+            n_emit = torch.where(hit.any(1), hit.long().argmax(1) + 1, n_emit)
+            active &= ~hit.any(1)
+        n_out += n_emit * live
+        active &= n_out < max_new_tokens
+        # 7. Inject the committed tokens' features (anchor + accepted drafts: rows 0..n_acc at lens ..).
+        #    All K + 1 rows are written; rejected ones sit past the new ctx_len and get overwritten.
+        drafter.inject(dcache, fwd.hidden.flatten(0, 1), (lens[:, None] + ar[:K + 1]).flatten(), slots)
+        # 8. Roll both caches back to the committed length: only the lengths move.
+        lens += (n_acc + 1) * live
+        anchor = torch.where(live, vtokens.gather(1, n_acc[:, None])[:, 0], anchor)
+        steps += live.cpu()
+        accepted += (n_acc * live).cpu()
+        pos_accepted += ((ar[1:K + 1] <= n_acc[:, None]) & live[:, None]).sum(0).cpu()
+        pos_tried += ((ar[1:K + 1] <= k_b[:, None]) & live[:, None]).sum(0).cpu()
+        clock.tick("commit")
+
+    n_final = n_out.clamp(max=max_new_tokens).tolist()
+    outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_final)]
+    return outputs, _stats(clock, outputs, steps, accepted, pos_accepted, pos_tried, B)
+
+
+def ragged_rows(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, k_b: torch.Tensor):
+    """Flatten per-request verify inputs: request b keeps logits rows 0..k_b[b]
+    (k_b drafts + bonus), drafts and q rows 0..k_b[b]-1. Returns
+    (logits rows [T + B, V], drafts [T], cu_num_draft [B + 1], q [T, V] or None)."""
+    B, S = logits.shape[:2]
+    cu = torch.zeros(B + 1, dtype=torch.int64, device=logits.device)
+    torch.cumsum(k_b, 0, out=cu[1:])
+    if bool((k_b == S - 1).all()):  # the common case: no gather
+        return (logits.flatten(0, 1), drafts.flatten(), cu,
+                None if q is None else q.flatten(0, 1).contiguous())
+    ar = torch.arange(S, device=logits.device)
+    keep = ar[:S - 1] < k_b[:, None]
+    return (logits[ar <= k_b[:, None]], drafts[keep], cu, None if q is None else q[keep])
+
+
+class _Clock:
+    """Seconds per phase (synchronizing on CUDA so each phase owns its kernels)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.seconds: dict[str, float] = {}
+        self.start = self.last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def tick(self, phase: str) -> None:
+        now = self._now()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.last
+        self.last = now
+
+
+def _stats(clock: _Clock, outputs, steps, accepted, pos_accepted, pos_tried, batch) -> dict:
+    seconds = clock.last - clock.start
+    new_tokens = sum(len(o) for o in outputs)
+    total_steps = int(steps.sum())
+    decode = seconds - clock.seconds.get("prefill", 0.0)
+    return {
+        "requests": batch, "new_tokens": new_tokens, "steps": total_steps,
+        # tau: tokens a request gains per target forward (accepted drafts + 1), over all request-steps.
+        "tau": (int(accepted.sum()) + total_steps) / max(1, total_steps),
+        "tau_per_request": ((accepted + steps) / steps.clamp(min=1)).tolist(),
+        # Fraction of request-steps whose draft k (k = 1..K) was accepted, among those that verified it.
+        "acceptance_per_position": (pos_accepted / pos_tried.clamp(min=1)).tolist(),
+        "seconds": seconds, "prefill_seconds": clock.seconds.get("prefill", 0.0), "decode_seconds": decode,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else 0.0,
+        "phase_seconds": dict(clock.seconds),
+    }

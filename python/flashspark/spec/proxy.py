@@ -1,0 +1,138 @@
+"""Confidence proxy: per-token survival probabilities for a DFlash 2 drafter.
+
+DSpark's scheduler needs c_k, the probability that draft token k survives
+verification given that its prefix survived. A DFlash 2 drafter has no
+confidence head; its path selector leaves signals from which c_k is predicted:
+
+  selector_prob    softmax probability of the chosen candidate in its score row
+  margin           its score minus the runner-up's
+  unary_top1_prob  the backbone's top-1 probability at that position
+  entropy          entropy of the selector's distribution over the K candidates
+  position         k (a learned bias per block position)
+
+The proxy is a logistic model on those signals, fitted offline on
+verification outcomes of a calibration split, and updated online from the
+outcomes every verify step returns anyway: observations go into a fixed-size
+ring buffer on the loop's device (bounded memory, masked writes, no host
+synchronization), and every `refit_every` steps a fixed number of gradient
+steps runs on the buffer (no data-dependent control flow, so no sync either).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+SIGNALS = ("selector_prob", "margin", "unary_top1_prob", "entropy")
+
+
+def _features(signals: torch.Tensor) -> torch.Tensor:
+    """[..., 4] raw signals -> [..., 4] features on a logit-like scale."""
+    eps = 1e-6
+    sel = signals[..., 0].clamp(eps, 1 - eps)
+    top1 = signals[..., 2].clamp(eps, 1 - eps)
+    return torch.stack([torch.log(sel) - torch.log1p(-sel), signals[..., 1],
+                        torch.log(top1) - torch.log1p(-top1), signals[..., 3]], dim=-1)
+
+
+class ConfidenceProxy:
+    """c_k = sigmoid(w · features(signals_k) + bias[k])."""
+
+    def __init__(self, width: int, device=None, capacity: int = 16384, refit_every: int = 32,
+                 refit_steps: int = 20, lr: float = 0.5):
+        self.width = width
+        self.weight = torch.zeros(len(SIGNALS), device=device)
+        self.bias = torch.zeros(width, device=device)
+        self.capacity, self.refit_every, self.refit_steps, self.lr = capacity, refit_every, refit_steps, lr
+        self._feats = torch.zeros(capacity, len(SIGNALS), device=device)
+        self._pos = torch.zeros(capacity, dtype=torch.long, device=device)
+        self._label = torch.zeros(capacity, device=device)
+        self._mask = torch.zeros(capacity, device=device)
+        self._head = 0
+        self._calls = 0
+
+    # ------------------------------------------------------------ prediction
+    def __call__(self, signals: torch.Tensor) -> torch.Tensor:
+        """signals [B, K, 4] -> c [B, K] in (0, 1)."""
+        k = signals.shape[-2]
+        return torch.sigmoid(_features(signals) @ self.weight + self.bias[:k])
+
+    # ------------------------------------------------------------ fitting
+    @staticmethod
+    def _observations(signals, num_accepted, num_verified):
+        """(features [N*K, 4], positions, labels, mask): token k's outcome is
+        known when it was verified and its prefix survived (k <= accepted)."""
+        n, k = signals.shape[:2]
+        pos = torch.arange(k, device=signals.device)
+        seen = (pos[None] < num_verified[:, None]) & (pos[None] <= num_accepted[:, None])
+        label = (pos[None] < num_accepted[:, None]).float()
+        return (_features(signals).reshape(n * k, -1), pos.repeat(n), label.reshape(-1), seen.float().reshape(-1))
+
+    def _loss(self, feats, pos, label, mask, weight, bias):
+        logits = feats @ weight + bias[pos]
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="none")
+        return (bce * mask).sum() / mask.sum().clamp(min=1) + 1e-4 * (weight.pow(2).sum() + bias.pow(2).sum())
+
+    def fit(self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor,
+            max_iter: int = 200) -> float:
+        """Offline fit on a calibration split: signals [N, K, 4], outcomes [N]. Returns the final loss."""
+        feats, pos, label, mask = self._observations(signals, num_accepted.long(), num_verified.long())
+        w = self.weight.clone().requires_grad_(True)
+        b = self.bias.clone().requires_grad_(True)
+        opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = self._loss(feats, pos, label, mask, w, b)
+            loss.backward()
+            return loss
+
+        loss = opt.step(closure)
+        self.weight, self.bias = w.detach(), b.detach()
+        return float(loss.detach())
+
+    def observe(self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
+        """Online update from one verify step's outcomes (no host synchronization)."""
+        feats, pos, label, mask = self._observations(signals, num_accepted.long(), num_verified.long())
+        n = feats.shape[0]
+        idx = (self._head + torch.arange(n, device=feats.device)) % self.capacity
+        self._feats[idx], self._pos[idx], self._label[idx], self._mask[idx] = feats, pos, label, mask
+        self._head = (self._head + n) % self.capacity
+        self._calls += 1
+        if self._calls % self.refit_every == 0:
+            self._refit()
+
+    def _refit(self) -> None:
+        """A fixed number of gradient steps on the ring buffer, warm-started."""
+        w = self.weight.clone().requires_grad_(True)
+        b = self.bias.clone().requires_grad_(True)
+        for _ in range(self.refit_steps):
+            loss = self._loss(self._feats, self._pos, self._label, self._mask, w, b)
+            gw, gb = torch.autograd.grad(loss, (w, b))
+            with torch.no_grad():
+                w -= self.lr * gw
+                b -= self.lr * gb
+        self.weight, self.bias = w.detach(), b.detach()
+
+    # ------------------------------------------------------------ persistence
+    def state(self) -> dict:
+        return {"signals": list(SIGNALS), "width": self.width, "weight": self.weight.tolist(),
+                "bias": self.bias.tolist()}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.state(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, device=None, **kw) -> "ConfidenceProxy":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"confidence proxy {path} not found")
+        d = json.loads(path.read_text())
+        if d.get("signals") != list(SIGNALS):
+            raise ValueError(f"{path}: proxy signals {d.get('signals')} differ from {list(SIGNALS)}")
+        proxy = cls(d["width"], device=device, **kw)
+        proxy.weight = torch.tensor(d["weight"], device=device)
+        proxy.bias = torch.tensor(d["bias"], device=device)
+        return proxy

@@ -1,0 +1,37 @@
+"""How many draft tokens each request verifies this step.
+
+A scheduler is any callable `scheduler(state) -> torch.Tensor` returning an
+int64 tensor [B] with values in [0, max_spec_len]; it must return 0 for
+finished requests. `max_spec_len` (an attribute) is the static bound the loop
+sizes its buffers with. Later schedulers (DSpark confidence, DFlash 2 + proxy)
+read more of `ScheduleState`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ScheduleState:
+    active: torch.Tensor          # [B] bool: request still generating
+    ctx_lens: torch.Tensor        # [B] int64: committed tokens in the caches
+    draft_tokens: torch.Tensor    # [B, gamma - 1] int64
+    draft_logits: torch.Tensor    # [B, gamma - 1, V] float32
+
+
+class FixedK:
+    """Every active request verifies the same k drafts."""
+
+    def __init__(self, k: int):
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        self.max_spec_len = k
+
+    def __call__(self, state: ScheduleState) -> torch.Tensor:
+        return state.active.to(torch.int64) * self.max_spec_len
+
+    def __repr__(self) -> str:
+        return f"FixedK({self.max_spec_len})"

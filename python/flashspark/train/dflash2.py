@@ -1,0 +1,475 @@
+"""Distil the DFlash 2 drafter from the shipped target on CPU.
+
+Same data, anchors, masks, loss weights and budget handling as the DFlash
+trainer (`train.dflash`, imported): target-generated continuations with the
+target's features and greedy labels, many random anchors per sequence packed
+under a block mask, the backbone's CE on block positions 1..γ-1 weighted by
+exp(-(k-1)/γ_d) (`train.dflash.block_loss` itself). On top of it the path
+selector's cross-entropy over its Top-K scores, with teacher-forced
+predecessors (the true previous token; the anchor at position 1) and the
+positions whose true token is not in the Top-K masked out.
+
+`--init-from DIR` starts the backbone from a trained DFlash drafter: the convs
+start as the identity, so step 0 drafts exactly like it. `--data-from RUN`
+reuses another run's generated data (e.g. `runs/dflash`), saving the
+generation share of the budget.
+
+`train_drafter` is the budgeted loop (resume, checkpoints, progress bar,
+periodic held-out evaluation, export) shared with the DSpark trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import data, ops
+from ..models import load_model
+from ..models.dflash import load_dflash
+from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
+from .dflash import (DECAY, DFlashTrainArgs, _log_to, block_loss, build_pool, evaluate, generate_sequences,
+                     init_from_target, load_pool, lr_at, sample_anchors)
+from .target import hardware_string
+
+DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
+
+
+@dataclass
+class DFlash2TrainArgs(DFlashTrainArgs):
+    out: str = "runs/dflash2"
+    export: str = str(DEFAULT_EXPORT)
+    init_from: str = ""            # DFlash drafter directory to start the backbone from ("" = fresh)
+    data_from: str = ""            # run directory whose generated data/eval set to reuse ("" = generate)
+    selector_rank: int = 64
+    selector_topk: int = 16
+    selector_weight: float = 1.0   # weight of the selector CE next to the backbone CE
+    path_mode: str = "backtrack"   # path mode of the held-out evaluation
+
+
+# ------------------------------------------------------------------- pieces shared with DSpark
+def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Tensor:
+    """[γ-1] weights of block positions k = 1..γ-1: exp(-(k - first)/γ_d) (DFlash: first = 1, DSpark: 0)."""
+    return torch.exp(-(torch.arange(1, block_size, dtype=torch.float32) - first) / decay)
+
+
+def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor, block_size: int):
+    """Teacher forcing of packed blocks: (prev, target) [B, nb, γ-1] for block positions
+    k = 1..γ-1; target = the target's greedy token at anchor + k (as in `block_loss`), prev
+    = the token before it (the anchor token at k = 1, the previous target token after)."""
+    ks = torch.arange(1, block_size)
+    B, nb = anchors.shape
+    target = labels.gather(1, (anchors[..., None] + ks).flatten(1)).view(B, nb, block_size - 1)
+    prev = torch.cat([tokens.gather(1, anchors)[..., None], target[..., :-1]], -1)
+    return prev, target
+
+
+def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
+    """Held-out greedy continuations (as in the DFlash trainer), reused from --data-from when it fits."""
+    for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
+        p = d / "eval.pt"
+        if p.is_file():
+            ev = torch.load(p)
+            if ev["features"].shape[2] == len(layer_ids) and ev["tokens"].shape[0] >= a.eval_sequences:
+                return ev
+    prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
+    ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, prompts, 128, layer_ids)))
+    torch.save(ev, out / "eval.pt")
+    return ev
+
+
+def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dict:
+    """Generated training data: --data-from's, else ours from a previous run (--resume), else new."""
+    if a.data_from:
+        pool = load_pool(Path(a.data_from))
+        if pool is None:
+            raise FileNotFoundError(f"--data-from {a.data_from} holds no finished data (data/done.json)")
+        if pool["features"].shape[2] != len(layer_ids):
+            raise ValueError(f"--data-from {a.data_from} has features of {pool['features'].shape[2]} layers, "
+                             f"this drafter reads {len(layer_ids)}")
+        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {a.data_from}")
+        return pool
+    pool = load_pool(out) if a.resume else None
+    if pool is not None:
+        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {out / 'data'}")
+        return pool
+    train_ids = data.split_token_ids("train", tok, out / "cache")
+    return build_pool(target, a, layer_ids, train_ids, budget_s, out, log)
+
+
+def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float,
+                  log, desc: str):
+    """The budgeted training loop of `train.dflash.train` for any drafter and loss.
+
+    loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
+    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}. Returns (step, elapsed, history).
+    """
+    from tqdm import tqdm
+
+    out = Path(a.out)
+    ckpt_path = out / "ckpt.pt"
+    budget = a.minutes * 60.0
+    N, L = pool["tokens"].shape
+    g = config.block_size
+    decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
+    other = [p for p in drafter.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay_params, "weight_decay": a.weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
+    step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
+    if a.resume:
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config"] != dataclasses.asdict(config):
+            raise ValueError(f"checkpoint {ckpt_path} was made with a different drafter config")
+        drafter.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
+        prior_wall = ck.get("wall", 0.0)
+        log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
+    train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
+    if train_budget <= elapsed:
+        log("no training time left in the budget; exporting")
+    log(f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"training {(train_budget - elapsed) / 60:.1f} min")
+
+    gen = torch.Generator().manual_seed(a.seed * 1000 + step)
+    next_eval = elapsed + a.eval_every_min * 60
+    next_ckpt = elapsed + a.ckpt_every_min * 60
+    bar = tqdm(total=max(1, round(train_budget)), initial=min(round(elapsed), max(1, round(train_budget))),
+               unit="s", desc=desc, dynamic_ncols=True, mininterval=5)
+    drafter.train()
+    ema: dict[str, float] = {}
+
+    def save_ckpt():
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "history": history, "config": dataclasses.asdict(config), "args": asdict(a),
+                    "wall": prior_wall + time.time() - wall_start}, tmp)
+        os.replace(tmp, ckpt_path)
+
+    while elapsed < train_budget:
+        t0 = time.time()
+        lr = lr_at(elapsed / train_budget, a)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        idx = torch.randint(0, N, (a.batch_size,), generator=gen)
+        anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss, stats = loss_fn(drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx],
+                                  anchors, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
+        opt.step()
+        step += 1
+        elapsed += time.time() - t0
+        stats = {"loss": loss.item()} | stats
+        ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in stats.items()}
+        bar.update(max(0, min(round(elapsed), bar.total) - bar.n))
+        bar.set_postfix(step=step, lr=f"{lr:.1e}", **{k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
+        if elapsed >= next_eval:
+            ev = eval_fn(drafter)
+            drafter.train()
+            rec = {"step": step, "minutes": elapsed / 60, "train_loss": ema["loss"], "tau": ev["tau"],
+                   "acceptance": ev["acceptance"]}
+            history.append(rec)
+            bar.write(f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
+                      f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}")
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            next_eval = elapsed + a.eval_every_min * 60
+        if elapsed >= next_ckpt:
+            save_ckpt()
+            next_ckpt = elapsed + a.ckpt_every_min * 60
+    bar.close()
+    save_ckpt()
+    return step, elapsed, history
+
+
+def setup_run(a):
+    """Common start of a drafter run: threads, out dir, log, tokenizer, frozen fp32 target."""
+    torch.set_num_threads(a.threads)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = _log_to(out)
+    if a.resume and not (out / "ckpt.pt").is_file():
+        raise FileNotFoundError(f"--resume given but no checkpoint {out / 'ckpt.pt'}")
+    tok = data.load_tokenizer()
+    target = load_model(a.target, dtype=torch.float32)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return out, log, tok, target
+
+
+# ------------------------------------------------------------------- DFlash 2 loss and evaluation
+@contextlib.contextmanager
+def capture_logits(drafter):
+    """Collect (hidden, logits) of every `drafter.logits` call in the block, so the
+    selector reuses the backbone pass of `block_loss` instead of a second one."""
+    got = []
+    inner = drafter.logits
+
+    def logits(hidden):
+        out = inner(hidden)
+        got.append((hidden, out))
+        return out
+
+    drafter.logits = logits
+    try:
+        yield got
+    finally:
+        del drafter.logits
+
+
+def dflash2_loss(drafter: DFlash2Drafter, feats, tokens, labels, anchors, weights, selector_weight: float = 1.0):
+    """Backbone CE exactly as DFlash (`block_loss`) + selector CE over Top-K scores (teacher forced).
+
+    Returns (loss, stats): backbone and selector losses, backbone top-1 at position 1,
+    Top-K coverage and the selector's teacher-forced top-1 (over covered positions).
+    """
+    with capture_logits(drafter) as got:
+        base_loss, hits = block_loss(drafter, feats, tokens, labels, anchors, weights)
+    hidden, logits = got[0]                                     # [B, nb, γ-1, D], [B, nb, γ-1, V]
+    prev, target = block_targets(tokens, labels, anchors, drafter.block_size)
+    sel_loss, in_topk, sel_hit = drafter.selector_loss(hidden, logits, prev, target, weights)
+    stats = {"base": base_loss.item(), "sel": sel_loss.item(), "acc1": hits[..., 0].float().mean().item(),
+             "topk": in_topk.float().mean().item(),
+             "sel1": (sel_hit.float().sum() / in_topk.float().sum().clamp(min=1)).item()}
+    return base_loss + selector_weight * sel_loss, stats
+
+
+@torch.no_grad()
+def evaluate_paths(drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: str = "backtrack",
+                   batch: int = 16) -> dict:
+    """Held-out agreement of the selector's paths with the target's greedy tokens.
+
+    One block at every anchor of the continuation (as `train.dflash.evaluate`); the
+    path through the Top-K lattice comes from `ops.path_select` (`mode`) with the anchor
+    as predecessor. acceptance[k-1] = P(path tokens 1..k all right); tau = 1 + sum.
+    Also the backbone's own argmax acceptance, Top-K coverage and the teacher-forced
+    selector top-1 for comparison.
+    """
+    from ..models.dflash import block_mask, packed_blocks
+
+    was = drafter.training
+    drafter.eval()
+    g = drafter.block_size
+    S = ev["features"].shape[1]
+    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]
+    path_hits, base_hits, cover, sel_hits = [], [], [], []
+    for i in range(0, ev["tokens"].shape[0], batch):
+        sl = slice(i, i + batch)
+        tokens, labels = ev["tokens"][sl], ev["labels"][sl]
+        an = anchors.expand(tokens.shape[0], -1)
+        bt, pos = packed_blocks(tokens, an, g, drafter.config.mask_token_id)
+        hidden = drafter(ev["features"][sl].float(), bt, pos, block_mask(an, S, g))
+        hidden = hidden.view(an.shape[0], an.shape[1], g, -1)[:, :, 1:]
+        prev, target = block_targets(tokens, labels, an, g)
+        cand, unary, gg = drafter.lattice(hidden, use_ops=True)
+        R = an.numel()
+        sel = drafter.selector
+        paths = ops.path_select(cand.reshape(R, g - 1, -1), unary.reshape(R, g - 1, -1).contiguous(), sel.a_emb,
+                                sel.b_emb, gg.reshape(R, g - 1, -1).to(sel.a_emb.dtype).contiguous(),
+                                prev[..., 0].reshape(R), mode=mode)[0]
+        path_hits.append(paths.long() == target.reshape(R, g - 1))
+        base_hits.append((cand[..., 0].long() == target).reshape(R, g - 1))
+        _, in_topk, hit = drafter.selector_loss(hidden, drafter.logits(hidden), prev, target)
+        cover.append(in_topk.reshape(R, g - 1))
+        sel_hits.append(hit.reshape(R, g - 1))
+    drafter.train(was)
+    path_hits, base_hits = torch.cat(path_hits).float(), torch.cat(base_hits).float()
+    cover, sel_hits = torch.cat(cover).float(), torch.cat(sel_hits).float()
+    prefix, base_prefix = path_hits.cumprod(1).mean(0), base_hits.cumprod(1).mean(0)
+    return {"acceptance": prefix.tolist(), "top1": path_hits.mean(0).tolist(), "tau": 1 + float(prefix.sum()),
+            "backbone_acceptance": base_prefix.tolist(), "backbone_tau": 1 + float(base_prefix.sum()),
+            "topk_coverage": cover.mean(0).tolist(),
+            "selector_top1": (sel_hits.sum(0) / cover.sum(0).clamp(min=1)).tolist(),
+            "blocks": path_hits.shape[0], "mode": mode}
+
+
+# ------------------------------------------------------------------- train
+def train(a: DFlash2TrainArgs) -> dict:
+    wall_start = time.time()
+    out, log, tok, target = setup_run(a)
+    special = data.special_token_ids(tok)
+    config = DFlash2Config.for_target(target.config, num_hidden_layers=a.layers, block_size=a.block_size,
+                                      mask_token_id=special["mask"], selector_rank=a.selector_rank,
+                                      selector_topk=a.selector_topk)
+    g = config.block_size
+    decay = a.decay or DECAY.get(g, g / 2)
+    layer_ids = config.target_layer_ids
+    ev = eval_set(target, a, layer_ids, out, tok)
+    gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
+    pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
+
+    torch.manual_seed(a.seed)
+    drafter = DFlash2Drafter(config, target, use_ops=False)
+    drafter.init_weights(a.seed)
+    init_from_target(drafter, target, False)  # the final norm; layer copy would miss the convs
+    if a.init_from and not a.resume:
+        base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
+        if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
+            raise ValueError(f"--init-from {a.init_from} has block size {base.config.block_size} and "
+                             f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}")
+        drafter.load_dflash_backbone(base.state_dict())
+        log(f"backbone from {a.init_from}")
+    weights = position_weights(g, decay)
+
+    def loss_fn(d, feats, tokens, labels, anchors, idx):
+        return dflash2_loss(d, feats, tokens, labels, anchors, weights, a.selector_weight)
+
+    def eval_fn(d):
+        return evaluate_paths(d, ev, a.prompt_tokens, a.path_mode)
+
+    step, elapsed, history = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
+                                           "train dflash2")
+    return export(drafter, target, ev, a, config, history, step, elapsed, pool["tokens"].shape, decay,
+                  (time.time() - wall_start) / 60, log)
+
+
+def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, decay, wall_minutes, log) -> dict:
+    """Write the bf16 drafter, then measure what ships: held-out path and backbone acceptance."""
+    export_dir = Path(a.export)
+    save_dflash2(drafter, export_dir, dtype=torch.bfloat16)
+    shipped = load_dflash2(export_dir, target, dtype=torch.float32)
+    final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
+    dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric
+    summary = {
+        "step": step, "train_minutes": elapsed / 60, "wall_minutes": wall_minutes, "final": final,
+        "backbone_final": dflash_eval, "history": history, "params": shipped.num_parameters(),
+        "selector_params": sum(p.numel() for p in shipped.selector.parameters()),
+        "conv_params": sum(p.numel() for m in shipped.convs() for p in m.parameters()),
+        "sequences": int(pool_shape[0]), "seq_len": int(pool_shape[1]), "decay": decay,
+        "hardware": hardware_string(), "torch": torch.__version__, "args": asdict(a),
+        "config": dataclasses.asdict(config), "target_params": target.num_parameters(),
+        "target_layers": target.config.num_hidden_layers,
+    }
+    data.write_json(Path(a.out) / "summary.json", summary)
+    write_model_card(export_dir / "MODEL_CARD.md", summary)
+    log(f"exported to {export_dir}: held-out path tau {final['tau']:.3f} ({final['mode']}), backbone tau "
+        f"{final['backbone_tau']:.3f}, top-{config.selector_topk} coverage "
+        f"{' '.join(f'{x:.3f}' for x in final['topk_coverage'])}")
+    return summary
+
+
+def write_model_card(path: Path, s: dict) -> None:
+    c, a, f = s["config"], s["args"], s["final"]
+    g = c["block_size"]
+    acc = "\n".join(f"| {k + 1} | {f['topk_coverage'][k]:.3f} | {f['selector_top1'][k]:.3f} | {f['top1'][k]:.3f} | "
+                    f"{f['acceptance'][k]:.3f} | {f['backbone_acceptance'][k]:.3f} |" for k in range(g - 1))
+    rows = "\n".join(f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |"
+                     for r in s["history"])
+    text = f"""# flashspark embedded DFlash 2 drafter
+
+A DFlash 2 drafter for the embedded target (`../target`): the DFlash backbone
+with two-tap dynamic depthwise convs around every attention and MLP sublayer,
+and a path selector that picks one coherent path through the Top-{c['selector_topk']}
+lattice of the block. Trained by distillation from that target on CPU.
+
+## Architecture
+
+| field | value |
+|---|---|
+| decoder layers | {c['num_hidden_layers']} (Qwen3, hidden {c['hidden_size']}, GQA {c['num_attention_heads']}/{c['num_key_value_heads']} × {c['head_dim']}, SwiGLU {c['intermediate_size']}) |
+| two-tap convs | prepare (after each norm) + finish (on each sublayer output), 4 per layer; taps per 16 channels from Linear(H → 2·H/16); {s['conv_params']:,} parameters |
+| path selector | unary = Top-{c['selector_topk']} log-probs, pair term <A[a] ⊙ W_h h_t, B[b]>, r = {c['selector_rank']}; {s['selector_params']:,} parameters |
+| block size γ | {g} |
+| target feature layers | {c['target_layer_ids']} of {s['target_layers']} |
+| embedding, LM head | the target's, shared and frozen (not in this checkpoint) |
+| parameters | {s['params']:,} (target: {s['target_params']:,}) |
+| shipped dtype | bfloat16 |
+
+## Training
+
+```
+{a['command'] or 'python -m flashspark train dflash2'}
+```
+
+- Hardware: {s['hardware']}; torch {s['torch']}, {a['threads']} threads.
+- Data: {s['sequences']:,} target-generated sequences of {s['seq_len']} tokens{f" (reused from {a['data_from']})" if a['data_from'] else ''}.
+- Backbone{f" started from {a['init_from']}" if a['init_from'] else ' from scratch'}; {s['step']:,} steps of
+  {a['batch_size']} sequences × {a['blocks_per_seq']} anchors. Loss: backbone CE weighted exp(−(k−1)/{s['decay']:g})
+  + {a['selector_weight']:g} × selector CE over the Top-{c['selector_topk']} scores with teacher-forced predecessors
+  (positions whose true token is outside the Top-K masked out).
+- Training time {s['train_minutes']:.1f} min; wall time {s['wall_minutes']:.1f} min.
+
+## Held-out acceptance (temperature 0)
+
+Shipped bf16 weights computed in fp32, one block at every position of the
+greedy continuations of {a['eval_sequences']} held-out code prompts ({f['blocks']:,} blocks).
+Paths: `{f['mode']}` mode. "coverage": true token among the Top-{c['selector_topk']};
+"selector top-1": teacher-forced selector choice right, among covered positions;
+"path top-1"/"accepted": the selected path against the target's greedy tokens;
+"backbone accepted": the backbone's own argmax (DFlash drafting).
+
+| k | coverage | selector top-1 | path top-1 | accepted | backbone accepted |
+|---|---|---|---|---|---|
+{acc}
+
+τ (K = {g - 1}): **{f['tau']:.2f}** with the path selector, {f['backbone_tau']:.2f} with the backbone's argmax.
+
+| step | minutes | train loss | held-out τ |
+|---|---|---|---|
+{rows}
+"""
+    path.write_text(text)
+
+
+# ------------------------------------------------------------------- CLI
+def add_common_drafter_options(p, d) -> None:
+    """Options shared by the drafter trainers (defaults from the args dataclass `d`)."""
+    p.add_argument("--out", default=d.out, help="run directory (default %(default)s)")
+    p.add_argument("--export", default=d.export, help="where the drafter goes (default: the package assets)")
+    p.add_argument("--target", default=d.target, help="target model directory (default: the shipped one)")
+    p.add_argument("--minutes", type=float, default=d.minutes,
+                   help="whole run: data + training + evaluation + export (default %(default)s)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (and OUT's data)")
+    p.add_argument("--init-from", default=d.init_from, help="DFlash drafter directory to start the backbone from")
+    p.add_argument("--data-from", default=d.data_from, help="reuse the generated data of this run directory")
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--layers", type=int, default=d.layers)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--decay", type=float, default=d.decay, help="gamma_d (0 = the paper's value)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--blocks-per-seq", type=int, default=d.blocks_per_seq)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--gen-frac", type=float, default=d.gen_frac)
+    p.add_argument("--max-sequences", type=int, default=d.max_sequences)
+    p.add_argument("--eval-sequences", type=int, default=d.eval_sequences)
+    p.add_argument("--eval-every", type=float, default=d.eval_every_min, help="minutes between held-out evals")
+    p.add_argument("--no-bf16", action="store_true", help="train in plain fp32 (slower)")
+
+
+def common_drafter_args(args) -> dict:
+    return dict(out=args.out, export=args.export, target=args.target, minutes=args.minutes, resume=args.resume,
+                init_from=args.init_from, data_from=args.data_from, threads=args.threads, seed=args.seed,
+                layers=args.layers, block_size=args.block_size, decay=args.decay, batch_size=args.batch_size,
+                blocks_per_seq=args.blocks_per_seq, lr=args.lr, gen_frac=args.gen_frac,
+                max_sequences=args.max_sequences, eval_sequences=args.eval_sequences,
+                eval_every_min=args.eval_every, bf16=not args.no_bf16, command=getattr(args, "command_line", ""))
+
+
+def add_train_dflash2(sub) -> None:
+    """`python -m flashspark train dflash2 ...`"""
+    d = DFlash2TrainArgs()
+    p = sub.add_parser("dflash2", help="distil the DFlash 2 drafter (convs + path selector) from the target")
+    add_common_drafter_options(p, d)
+    p.add_argument("--selector-rank", type=int, default=d.selector_rank)
+    p.add_argument("--selector-topk", type=int, default=d.selector_topk)
+    p.add_argument("--selector-weight", type=float, default=d.selector_weight)
+    p.add_argument("--path-mode", choices=["backtrack", "greedy"], default=d.path_mode)
+    p.set_defaults(func=run_train_dflash2)
+
+
+def run_train_dflash2(args) -> int:
+    train(DFlash2TrainArgs(**common_drafter_args(args), selector_rank=args.selector_rank,
+                           selector_topk=args.selector_topk, selector_weight=args.selector_weight,
+                           path_mode=args.path_mode))
+    return 0

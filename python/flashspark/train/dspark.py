@@ -1,0 +1,402 @@
+"""Distil the DSpark drafter from the shipped target on CPU, then calibrate its confidences.
+
+Data, anchors, masks and the budgeted loop are the DFlash trainer's
+(`train.dflash`, via `train.dflash2.train_drafter`). The loss (DESIGN.md §1 "DSpark"),
+per block position k = 1..γ-1 weighted by exp(-k/γ_d), with teacher forcing
+(x_{k-1} = the true previous token):
+
+    0.1 · CE(Markov logits, target's greedy token)
+  + 0.9 · TV(q, p)                 q = softmax(Markov logits), p = the target's distribution
+  + 1.0 · BCE(c_k, c*_k)           c*_k = 1 − TV(q, p), detached
+
+p is the target's next-token distribution at that position, kept as its Top-K
+(`--target-topk`, computed once over the generated data); TV is exact on those
+K tokens and uses the total remaining mass for the rest (a lower bound whose
+error is at most the target's mass outside its Top-K).
+
+**Calibration**: after training, the confidence logits get per-position
+temperatures T_k, fitted sequentially on a held-out calibration split
+(disjoint from the evaluation prompts): T_1, then T_2 given T_1, ..., each
+minimizing the log loss of the cumulative product a_k = ∏_{i≤k} σ(z_i / T_i)
+against the cumulative outcome "drafts 1..k all accepted" (temperature 0:
+accepted = equal to the target's greedy token). ECE of a_k and AUC are
+reported before and after (the metrics of `spec.calibration`, shared with the
+DFlash 2 confidence proxy), on the calibration and the evaluation split, and
+saved with the drafter (`calibration.json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import data
+from ..models.dflash import block_mask, load_dflash, packed_blocks
+from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
+from ..spec.calibration import calibration_report as block_calibration_report
+from ..spec.calibration import expected_calibration_error
+from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target
+from .dflash2 import (add_common_drafter_options, block_targets, common_drafter_args, data_pool, eval_set,
+                      position_weights, setup_run, train_drafter)
+from .target import hardware_string
+
+DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
+
+
+@dataclass
+class DSparkTrainArgs(DFlashTrainArgs):
+    out: str = "runs/dspark"
+    export: str = str(DEFAULT_EXPORT)
+    init_from: str = ""
+    data_from: str = ""
+    markov_rank: int = 64
+    target_topk: int = 32          # Top-K of the target's distribution kept for TV and c*
+    ce_weight: float = 0.1
+    tv_weight: float = 0.9
+    conf_weight: float = 1.0
+    calib_sequences: int = 64      # held-out prompts for calibration (disjoint from the evaluation ones)
+
+
+# ------------------------------------------------------------------- target distributions
+@torch.no_grad()
+def target_topk(target, tokens: torch.Tensor, k: int, batch: int = 32):
+    """The target's Top-k next-token log-probs for every position of sequences tokens [N, L]:
+    (ids [N, L, k] int16/int32, logp [N, L, k] fp16); row t is the distribution of token t
+    given tokens < t (row 0 is empty: ids 0, logp -inf)."""
+    N, L = tokens.shape
+    id_dtype = torch.int16 if target.config.vocab_size <= 2 ** 15 else torch.int32
+    ids = torch.zeros(N, L, k, dtype=id_dtype)
+    logp = torch.full((N, L, k), float("-inf"), dtype=torch.float16)
+    for i in range(0, N, batch):
+        lp = torch.log_softmax(target(tokens[i:i + batch, :-1]).logits.float(), -1)
+        v, j = lp.topk(k, -1)
+        ids[i:i + batch, 1:] = j.to(id_dtype)
+        logp[i:i + batch, 1:] = v.to(torch.float16)
+    return ids, logp
+
+
+def cached_topk(target, tokens: torch.Tensor, k: int, path: Path, log=print):
+    if path.is_file():
+        d = torch.load(path)
+        if d["ids"].shape[:2] == tokens.shape and d["ids"].shape[2] == k:
+            return d["ids"], d["logp"]
+    t0 = time.time()
+    ids, logp = target_topk(target, tokens, k)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"ids": ids, "logp": logp}, path)
+    log(f"target top-{k} distributions of {tokens.shape[0]} sequences in {time.time() - t0:.0f} s")
+    return ids, logp
+
+
+def sparse_tv(q: torch.Tensor, p_ids: torch.Tensor, p_logp: torch.Tensor) -> torch.Tensor:
+    """½‖q − p‖₁ [...] for dense q [..., V] and p given by its Top-K (ids, log-probs) [..., K]:
+    exact on the K tokens, |mass_p − mass_q| for the rest (a lower bound)."""
+    p = p_logp.float().exp()
+    qk = q.gather(-1, p_ids.long())
+    rest = ((1 - p.sum(-1)) - (1 - qk.sum(-1))).abs()
+    return 0.5 * ((p - qk).abs().sum(-1) + rest)
+
+
+def _gather_positions(x: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Rows anchor + k (k = 1..γ-1) of per-position tensors x [B, L, K] -> [B, nb, γ-1, K]."""
+    B, nb = anchors.shape
+    pos = (anchors[..., None] + torch.arange(1, block_size)).flatten(1)
+    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, block_size - 1, -1)
+
+
+# ------------------------------------------------------------------- loss
+def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
+    """Packed training forward: draft states h and base logits U [B, nb, γ-1, ...]."""
+    g = drafter.block_size
+    B, nb = anchors.shape
+    bt, pos = packed_blocks(tokens, anchors, g, drafter.config.mask_token_id)
+    hidden = drafter(feats, bt, pos, block_mask(anchors, feats.shape[1], g)).view(B, nb, g, -1)[:, :, 1:]
+    return hidden, drafter.logits(hidden)
+
+
+def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights,
+                coefs=(0.1, 0.9, 1.0)):
+    """0.1·CE + 0.9·TV + 1.0·BCE(conf, 1 − TV), position-weighted, teacher forced.
+    p_ids / p_logp [B, L, K]: the target's Top-K per position. Returns (loss, stats)."""
+    g = drafter.block_size
+    hidden, base = dspark_forward(drafter, feats, tokens, anchors)
+    prev, target = block_targets(tokens, labels, anchors, g)
+    logits, z = drafter.heads(hidden, base, prev)
+    q = torch.softmax(logits, -1)
+    tv = sparse_tv(q, _gather_positions(p_ids, anchors, g), _gather_positions(p_logp, anchors, g))
+    c_star = (1 - tv).detach().clamp(0, 1)
+    ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
+    bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
+    w = weights / (weights.sum() * target.shape[0] * target.shape[1])
+    parts = [(x * w).sum() for x in (ce, tv, bce)]
+    loss = sum(c * x for c, x in zip(coefs, parts))
+    stats = {"ce": parts[0].item(), "tv": parts[1].item(), "bce": parts[2].item(),
+             "acc1": (logits[..., 0, :].argmax(-1) == target[..., 0]).float().mean().item(),
+             "c*": c_star.mean().item(), "conf": torch.sigmoid(z.detach()).mean().item()}
+    return loss, stats
+
+
+# ------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def rollout_outcomes(drafter: DSparkDrafter, ev: dict, prompt_tokens: int, batch: int = 8):
+    """Greedy Markov drafts at every anchor of the continuation (as `train.dflash.evaluate`):
+    (accepted [blocks, γ-1] bool: draft k equals the target's greedy token, confidence logits
+    z [blocks, γ-1] before calibration)."""
+    was = drafter.training
+    drafter.eval()
+    g = drafter.block_size
+    S = ev["features"].shape[1]
+    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]
+    acc, zs = [], []
+    for i in range(0, ev["tokens"].shape[0], batch):
+        sl = slice(i, i + batch)
+        tokens, labels = ev["tokens"][sl], ev["labels"][sl]
+        an = anchors.expand(tokens.shape[0], -1)
+        hidden, base = dspark_forward(drafter, ev["features"][sl].float(), tokens, an)
+        drafts, z = markov_rollout(drafter, hidden, base, tokens.gather(1, an))
+        acc.append((drafts == block_targets(tokens, labels, an, g)[1]).flatten(0, 1))
+        zs.append(z.flatten(0, 1))
+    drafter.train(was)
+    return torch.cat(acc), torch.cat(zs)
+
+
+def evaluate_dspark(drafter: DSparkDrafter, ev: dict, prompt_tokens: int) -> dict:
+    """Held-out acceptance (T = 0) of the greedy Markov drafts, tau, and the calibration report
+    of the drafter's current confidence temperatures."""
+    acc, z = rollout_outcomes(drafter, ev, prompt_tokens)
+    prefix = acc.float().cumprod(1).mean(0)
+    rep = calibration_report(z, acc, drafter.conf_temperature.float())
+    return {"acceptance": prefix.tolist(), "top1": acc.float().mean(0).tolist(), "tau": 1 + float(prefix.sum()),
+            "blocks": acc.shape[0], "calibration": rep}
+
+
+# ------------------------------------------------------------------- calibration
+def cumulative_confidence(z: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """a [N, P] = cumulative product of σ(z_k / T_k) along positions."""
+    return torch.sigmoid(z.double() / temperatures.double()).cumprod(-1)
+
+
+def fit_sequential_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid: torch.Tensor | None = None):
+    """Per-position temperatures [P], fitted in order: T_k minimizes the log loss of
+    a_k = a_{k-1} · σ(z_k / T_k) against y_k = 1[drafts 1..k all accepted], given T_1..T_{k-1}.
+    z, accepted [N, P]. Grid search over log T (default 0.05 .. 20, 261 points: bounded so
+    that a position whose outcome never varies cannot drive T to 0 or infinity)."""
+    z, y = z.double(), accepted.double().cumprod(-1)
+    grid = torch.logspace(-1.3, 1.3, 261, dtype=torch.float64) if grid is None else grid.double()
+    a_prev = torch.ones(z.shape[0], dtype=torch.float64)
+    temps = []
+    eps = 1e-12
+    for k in range(z.shape[1]):
+        a = a_prev[None] * torch.sigmoid(z[None, :, k] / grid[:, None])            # [G, N]
+        nll = -(y[None, :, k] * torch.log(a + eps) + (1 - y[None, :, k]) * torch.log1p(-a + eps)).mean(-1)
+        best = int(torch.argmin(nll))
+        temps.append(float(grid[best]))
+        a_prev = a[best]
+    return torch.tensor(temps, dtype=torch.float32)
+
+
+def calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: torch.Tensor) -> dict:
+    """`spec.calibration.calibration_report` (ECE of the cumulative product, AUC of c_k against the
+    conditional outcome: the same metrics as the DFlash 2 confidence proxy) of σ(z / T) for blocks
+    verified in full, plus the ECE of a_k and the mean a_k and outcome per position.
+    z, accepted [N, P]: confidence logits and per-position acceptance."""
+    conf = torch.sigmoid(z.double() / temperatures.double())
+    num_accepted = accepted.long().cumprod(-1).sum(-1)
+    P = z.shape[1]
+    rep = block_calibration_report(conf, num_accepted, torch.full_like(num_accepted, P))
+    rep.pop("reliability")
+    a, y = conf.cumprod(-1), accepted.double().cumprod(-1)
+    return rep | {"ece_per_position": [expected_calibration_error(a[:, k], y[:, k]) for k in range(P)],
+                  "mean_confidence": a.mean(0).tolist(), "mean_outcome": y.mean(0).tolist()}
+
+
+def calibration_prompts(a, tok) -> torch.Tensor:
+    """Held-out code prompts for calibration, none of them an evaluation prompt."""
+    ev = {tuple(p) for p in data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok)}
+    pool = data.heldout_prompts("code", a.eval_sequences + a.calib_sequences, a.prompt_tokens, tok)
+    picks = [p for p in pool if tuple(p) not in ev][: a.calib_sequences]
+    return torch.tensor(picks)
+
+
+def calibrate(drafter: DSparkDrafter, calib: dict, ev: dict, prompt_tokens: int) -> dict:
+    """Fit the temperatures on `calib`, set them on the drafter, report before/after on both splits."""
+    acc_c, z_c = rollout_outcomes(drafter, calib, prompt_tokens)
+    acc_e, z_e = rollout_outcomes(drafter, ev, prompt_tokens)
+    ones = torch.ones(drafter.block_size - 1)
+    temps = fit_sequential_temperatures(z_c, acc_c)
+    drafter.set_calibration(temps)
+    return {"temperatures_fitted": temps.tolist(), "calibration_blocks": int(acc_c.shape[0]),
+            "before": {"calibration_split": calibration_report(z_c, acc_c, ones),
+                       "eval_split": calibration_report(z_e, acc_e, ones)},
+            "after": {"calibration_split": calibration_report(z_c, acc_c, temps),
+                      "eval_split": calibration_report(z_e, acc_e, temps)},
+            "outcome": "temperature 0: draft k accepted iff it equals the target's greedy token"}
+
+
+# ------------------------------------------------------------------- train
+def train(a: DSparkTrainArgs) -> dict:
+    wall_start = time.time()
+    out, log, tok, target = setup_run(a)
+    special = data.special_token_ids(tok)
+    config = DSparkConfig.for_target(target.config, num_hidden_layers=a.layers, block_size=a.block_size,
+                                     mask_token_id=special["mask"], markov_rank=a.markov_rank)
+    g = config.block_size
+    decay = a.decay or DECAY.get(g, g / 2)
+    layer_ids = config.target_layer_ids
+    ev = eval_set(target, a, layer_ids, out, tok)
+    calib_path = out / "calib.pt"
+    if calib_path.is_file():
+        calib = torch.load(calib_path)
+    else:
+        calib = dict(zip(("tokens", "features", "labels"),
+                         generate_sequences(target, calibration_prompts(a, tok), 128, layer_ids)))
+        torch.save(calib, calib_path)
+    gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
+    pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
+    p_ids, p_logp = cached_topk(target, pool["tokens"], a.target_topk, out / "data" / f"target_top{a.target_topk}.pt",
+                                log)
+
+    torch.manual_seed(a.seed)
+    drafter = DSparkDrafter(config, target, use_ops=False)
+    drafter.init_weights(a.seed)
+    init_from_target(drafter, target, False)
+    if a.init_from and not a.resume:
+        base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
+        if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
+            raise ValueError(f"--init-from {a.init_from} has block size {base.config.block_size} and "
+                             f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}")
+        drafter.load_dflash_backbone(base.state_dict())
+        log(f"backbone from {a.init_from}")
+    weights = position_weights(g, decay, first=0)   # exp(-k/γ_d), k = 1..γ-1
+    coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
+
+    def loss_fn(d, feats, tokens, labels, anchors, idx):
+        return dspark_loss(d, feats, tokens, labels, anchors, p_ids[idx], p_logp[idx], weights, coefs)
+
+    def eval_fn(d):
+        return evaluate_dspark(d, ev, a.prompt_tokens)
+
+    step, elapsed, history = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
+                                           "train dspark")
+    return export(drafter, target, ev, calib, a, config, history, step, elapsed, pool["tokens"].shape, decay,
+                  wall_start, log)
+
+
+def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_shape, decay, wall_start, log) -> dict:
+    """Calibrate, write the bf16 drafter with calibration.json, and measure what ships."""
+    cal = calibrate(drafter, calib, ev, a.prompt_tokens)
+    export_dir = Path(a.export)
+    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal)
+    shipped = load_dspark(export_dir, target, dtype=torch.float32)
+    final = evaluate_dspark(shipped, ev, a.prompt_tokens)
+    summary = {
+        "step": step, "train_minutes": elapsed / 60, "wall_minutes": (time.time() - wall_start) / 60,
+        "final": final, "calibration": cal, "history": history, "params": shipped.num_parameters(),
+        "head_params": sum(p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_", "conf_"))),
+        "sequences": int(pool_shape[0]), "seq_len": int(pool_shape[1]), "decay": decay,
+        "hardware": hardware_string(), "torch": torch.__version__, "args": asdict(a),
+        "config": dataclasses.asdict(config), "target_params": target.num_parameters(),
+        "target_layers": target.config.num_hidden_layers,
+    }
+    data.write_json(Path(a.out) / "summary.json", summary)
+    write_model_card(export_dir / "MODEL_CARD.md", summary)
+    b, f = cal["before"]["eval_split"], final["calibration"]
+    log(f"exported to {export_dir}: held-out tau {final['tau']:.3f}; eval-split ECE {b['ece_cumulative']:.3f} -> "
+        f"{f['ece_cumulative']:.3f}, "
+        f"AUC {b['auc']:.3f} -> {f['auc']:.3f}")
+    return summary
+
+
+def write_model_card(path: Path, s: dict) -> None:
+    c, a, f, cal = s["config"], s["args"], s["final"], s["calibration"]
+    g = c["block_size"]
+    fc = f["calibration"]
+    acc = "\n".join(f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {fc['mean_confidence'][k]:.3f} | "
+                    f"{cal['temperatures_fitted'][k]:.3f} | {cal['before']['eval_split']['ece_per_position'][k]:.3f} | "
+                    f"{fc['ece_per_position'][k]:.3f} |" for k in range(g - 1))
+    rows = "\n".join(f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |"
+                     for r in s["history"])
+    bc, ac = cal["before"]["calibration_split"], cal["after"]["calibration_split"]
+    be, ae = cal["before"]["eval_split"], cal["after"]["eval_split"]
+    text = f"""# flashspark embedded DSpark drafter
+
+A DSpark drafter for the embedded target (`../target`): a DFlash backbone gives
+the block's base logits U_k in one pass; a Markov head adds W2·W1[x_(k−1)] and
+drafts left to right (`flashspark.ops.markov_step`); a confidence head predicts
+the chance each draft survives verification, calibrated per position
+(`calibration.json`). Trained by distillation from that target on CPU.
+
+## Architecture
+
+| field | value |
+|---|---|
+| backbone | DFlash: {c['num_hidden_layers']} Qwen3 layers, hidden {c['hidden_size']}, features from target layers {c['target_layer_ids']} of {s['target_layers']} |
+| Markov head | W1 Embedding({c['vocab_size']}, {c['markov_rank']}), W2 Linear({c['markov_rank']}, {c['vocab_size']}) |
+| confidence head | σ(Linear([h_k ; W1[x_(k−1)]]) / T_k) |
+| block size γ | {g} |
+| parameters | {s['params']:,} ({s['head_params']:,} in the heads; target: {s['target_params']:,}) |
+| shipped dtype | bfloat16 |
+
+## Training
+
+```
+{a['command'] or 'python -m flashspark train dspark'}
+```
+
+- Hardware: {s['hardware']}; torch {s['torch']}, {a['threads']} threads.
+- Data: {s['sequences']:,} target-generated sequences of {s['seq_len']} tokens{f" (reused from {a['data_from']})" if a['data_from'] else ''}; the target's
+  Top-{a['target_topk']} distribution at every position.
+- Backbone{f" started from {a['init_from']}" if a['init_from'] else ' from scratch'}; {s['step']:,} steps of
+  {a['batch_size']} sequences × {a['blocks_per_seq']} anchors. Loss {a['ce_weight']:g}·CE + {a['tv_weight']:g}·TV +
+  {a['conf_weight']:g}·BCE(c, 1 − TV), weighted exp(−k/{s['decay']:g}), teacher forced.
+- Training time {s['train_minutes']:.1f} min; wall time {s['wall_minutes']:.1f} min.
+
+## Held-out acceptance and confidence (temperature 0)
+
+Shipped bf16 weights computed in fp32; greedy Markov drafts at every position of
+the greedy continuations of {a['eval_sequences']} held-out code prompts ({f['blocks']:,} blocks).
+"accepted" = drafts 1..k all equal the target's greedy tokens; "confidence" = mean
+calibrated a_k = ∏ c_i; ECE of a_k before/after calibration on this evaluation split.
+
+| k | top-1 | accepted | confidence | T_k | ECE before | ECE after |
+|---|---|---|---|---|---|---|
+{acc}
+
+τ (K = {g - 1}): **{f['tau']:.2f}**.
+
+Calibration ({cal['calibration_blocks']:,} blocks of {a['calib_sequences']} other held-out prompts): ECE of the
+cumulative product over all positions, AUC of c_k against the conditional outcome:
+
+| split | ECE before | ECE after | AUC before | AUC after |
+|---|---|---|---|---|
+| calibration | {bc['ece_cumulative']:.4f} | {ac['ece_cumulative']:.4f} | {bc['auc']:.3f} | {ac['auc']:.3f} |
+| evaluation | {be['ece_cumulative']:.4f} | {ae['ece_cumulative']:.4f} | {be['auc']:.3f} | {ae['auc']:.3f} |
+
+| step | minutes | train loss | held-out τ |
+|---|---|---|---|
+{rows}
+"""
+    path.write_text(text)
+
+
+# ------------------------------------------------------------------- CLI
+def add_train_dspark(sub) -> None:
+    """`python -m flashspark train dspark ...`"""
+    d = DSparkTrainArgs()
+    p = sub.add_parser("dspark", help="distil the DSpark drafter (Markov + confidence heads) and calibrate it")
+    add_common_drafter_options(p, d)
+    p.add_argument("--markov-rank", type=int, default=d.markov_rank)
+    p.add_argument("--target-topk", type=int, default=d.target_topk)
+    p.add_argument("--calib-sequences", type=int, default=d.calib_sequences)
+    p.set_defaults(func=run_train_dspark)
+
+
+def run_train_dspark(args) -> int:
+    train(DSparkTrainArgs(**common_drafter_args(args), markov_rank=args.markov_rank, target_topk=args.target_topk,
+                          calib_sequences=args.calib_sequences))
+    return 0

@@ -1,0 +1,193 @@
+"""DSpark confidence scheduler: hand-computed cases, optimality against brute
+force over every prefix-closed admission, ties and the prefix property,
+monotone behaviour, flat and steep SPS tables, finished requests, the
+two-step-old confidences, and the SPS profiler with its cache."""
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.spec.confidence import (ConfidenceScheduler, SPSTable, prefix_survival, profile_sps,
+                                        schedule_tokens)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def theta(conf, active, k, sps):
+    """Θ = τ · SPS(T) of an admission k [B] (k_r leading positions of request r)."""
+    a = prefix_survival(conf)
+    n = int(active.sum())
+    tau = n + sum(float(a[r, :k[r]].sum()) for r in range(len(k)) if active[r])
+    return tau * float(sps(torch.tensor(n + sum(int(x) for x in k))))
+
+
+def test_hand_computed():
+    conf = torch.tensor([[0.9, 0.5], [0.6, 0.9]])      # a = [[0.9, 0.45], [0.6, 0.54]]
+    active = torch.tensor([True, True])
+    # T:   2     3     4    5     6
+    # Θ:  20  27.55  31.5  34.34  22.45 (admit 0.9, 0.6, 0.54, then 0.45 lowers Θ)
+    sps = SPSTable([2, 3, 4, 5, 6], [10.0, 9.5, 9.0, 8.5, 5.0])
+    assert schedule_tokens(conf, active, sps).tolist() == [1, 2]
+    # A steeper step at T = 5 stops after two slots.
+    sps2 = SPSTable([2, 3, 4, 5, 6], [10.0, 9.5, 9.0, 6.0, 5.0])
+    assert schedule_tokens(conf, active, sps2).tolist() == [1, 1]
+    # Interpolation between measured points and constant beyond the ends.
+    t = SPSTable([4, 8], [10.0, 6.0])
+    assert t(torch.tensor([2, 4, 6, 8, 20])).tolist() == [10.0, 10.0, 8.0, 6.0, 6.0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_over_all_prefix_closed_admissions(seed):
+    """Sorting by a and taking the best prefix maximizes Θ over every admission
+    that respects the prefix constraint (brute force), and k never exceeds K."""
+    g = torch.Generator().manual_seed(seed)
+    B, K = 3, 3
+    conf = torch.rand(B, K, generator=g) ** 0.5
+    active = torch.tensor([True, True, seed % 2 == 0])
+    tokens = list(range(1, B * (K + 1) + 1))
+    sps = SPSTable(tokens, (100.0 / torch.tensor(tokens, dtype=torch.float64) ** torch.rand(1, generator=g).item()
+                            + torch.rand(len(tokens), generator=g).double()).tolist())
+    k = schedule_tokens(conf, active, sps)
+    assert k.dtype == torch.int64 and bool(((k >= 0) & (k <= K)).all()) and (active[2] or k[2] == 0)
+    best = max(theta(conf, active, ks, sps) for ks in itertools.product(range(K + 1), repeat=B)
+               if all(active[r] or ks[r] == 0 for r in range(B)))
+    assert theta(conf, active, k.tolist(), sps) >= best - 1e-9
+
+
+def test_ties_respect_the_prefix_constraint():
+    # All a equal: ties go by position, so three slots are j=1 of both requests, then j=2 of request 0.
+    conf = torch.ones(2, 4)
+    sps = SPSTable([2, 5, 6], [10.0, 10.0, 1.0])  # flat up to T = 5, then a cliff
+    assert schedule_tokens(conf, torch.tensor([True, True]), sps).tolist() == [2, 1]
+    # A zero confidence ends the request's prefix even when later c are high.
+    conf = torch.tensor([[0.9, 0.0, 0.99, 0.99], [0.5, 0.5, 0.5, 0.5]])
+    k = schedule_tokens(conf, torch.tensor([True, True]), SPSTable([1, 100], [5.0, 5.0]))
+    assert k.tolist() == [1, 4]
+
+
+def test_flat_sps_verifies_everything_with_positive_confidence():
+    conf = torch.tensor([[0.2, 0.1, 0.05, 0.0], [1e-3, 0.9, 0.9, 0.9], [0.0, 1.0, 1.0, 1.0]])
+    k = schedule_tokens(conf, torch.ones(3, dtype=torch.bool), SPSTable([1], [7.0]))
+    assert k.tolist() == [3, 4, 0]
+    assert schedule_tokens(conf, torch.ones(3, dtype=torch.bool), SPSTable([1], [7.0]), max_spec_len=2).tolist() \
+        == [2, 2, 0]
+
+
+def test_steep_sps_verifies_little():
+    conf = torch.full((4, 7), 0.8)
+    tokens = list(range(4, 33))
+    steep = SPSTable(tokens, [1.0 / t ** 2 for t in tokens])   # Θ <= 1/T: nothing pays off
+    assert schedule_tokens(conf, torch.ones(4, dtype=torch.bool), steep).tolist() == [0, 0, 0, 0]
+    mild = SPSTable(tokens, [1.0 / t ** 0.5 for t in tokens])
+    flat = SPSTable(tokens, [1.0] * len(tokens))
+    n_mild = int(schedule_tokens(conf, torch.ones(4, dtype=torch.bool), mild).sum())
+    n_flat = int(schedule_tokens(conf, torch.ones(4, dtype=torch.bool), flat).sum())
+    assert 0 < n_mild < n_flat == 28
+
+
+def test_higher_confidence_verifies_more():
+    tokens = list(range(8, 65))
+    sps = SPSTable(tokens, [1.0 / (1 + 0.04 * t) for t in tokens])  # fixed cost + per-token cost
+    totals = []
+    for c in (0.1, 0.3, 0.5, 0.7, 0.9, 0.97):
+        k = schedule_tokens(torch.full((8, 7), c), torch.ones(8, dtype=torch.bool), sps)
+        totals.append(int(k.sum()))
+    assert totals == sorted(totals) and totals[0] < totals[-1]
+    # One request more confident than the others gets at least as many tokens.
+    conf = torch.full((8, 7), 0.6)
+    conf[3] = 0.95
+    k = schedule_tokens(conf, torch.ones(8, dtype=torch.bool), sps)
+    assert int(k[3]) == int(k.max()) and int(k[3]) > int(k[0])
+
+
+def test_finished_requests_get_zero_and_cost_nothing():
+    conf = torch.full((3, 4), 0.9)
+    sps = SPSTable([1, 2, 3, 4, 5, 6], [10.0, 10.0, 10.0, 10.0, 1.0, 1.0])
+    # Only request 1 is active: T = 1 + its slots; three slots fit before the cliff at T = 5.
+    k = schedule_tokens(conf, torch.tensor([False, True, False]), sps)
+    assert k.tolist() == [0, 3, 0]
+    assert schedule_tokens(conf, torch.zeros(3, dtype=torch.bool), sps).tolist() == [0, 0, 0]
+
+
+def test_scheduler_interface_and_delay():
+    sps = SPSTable([1], [1.0])
+    sched = ConfidenceScheduler(3, sps, delay=2)
+    steps = [torch.tensor([[0.9, 0.9, 0.9, 0.9]]), torch.tensor([[0.9, 0.0, 0.9, 0.9]]),
+             torch.tensor([[0.0, 0.9, 0.9, 0.9]]), torch.tensor([[0.9, 0.9, 0.0, 0.0]])]
+    active = torch.tensor([True])
+    got = [int(sched(SimpleNamespace(active=active, confidence=c))[0]) for c in steps]
+    assert got == [3, 3, 3, 1]  # step n uses step n-2's confidences (the oldest it has at first)
+    now = ConfidenceScheduler(3, sps)
+    assert [int(now.schedule(c, active)[0]) for c in steps] == [3, 1, 0, 2]
+    with pytest.raises(ValueError, match="confidence"):
+        now(SimpleNamespace(active=active))
+
+
+def test_profile_sps_and_cache(tmp_path):
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                      torch_dtype="float32")
+    target = Qwen3ForCausalLM(cfg)
+    target.init_weights(0)
+    path = tmp_path / "sps.json"
+    table = profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, repeats=2, warmup=1,
+                        cache_file=path)
+    assert table.tokens.tolist() == [2, 4, 8] and bool((table.sps > 0).all())
+    saved = json.loads(path.read_text())
+    assert saved["tokens"] == [2, 4, 8]
+    # A second call reads the cache (doctor it to tell the two apart).
+    saved["sps"] = [3.0, 2.0, 1.0]
+    path.write_text(json.dumps(saved))
+    assert profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path,
+                       repeats=2, warmup=1).sps.tolist() == [3.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match=">= 2"):
+        profile_sps(target, batch_size=2, token_counts=[1, 4], cache_file=tmp_path / "x.json")
+
+
+def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
+    """The current loop (argmax of `draft_logits`) runs a DSpark drafter with the confidence
+    scheduler fed by the drafter's last confidences: greedy output equals plain decoding,
+    and the scheduler verifies fewer tokens per request than a fixed K when confidences are low."""
+    from flashspark.generate import generate
+    from flashspark.models.dspark import DSparkConfig, DSparkDrafter
+    from flashspark.spec import speculative_generate
+
+    cfg = Qwen3Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=160,
+                      torch_dtype="float32")
+    target = Qwen3ForCausalLM(cfg)
+    target.init_weights(0)
+    with torch.no_grad():
+        target.model.embed_tokens.weight.mul_(30)
+    target.eval()
+    d = DSparkDrafter(DSparkConfig.for_target(cfg, num_hidden_layers=1, block_size=5, mask_token_id=1,
+                                              num_features=2, markov_rank=8), target)
+    d.init_weights(1)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+        d.conf_head.bias.fill_(2.0)  # confidences spread around 0.7-0.9: K varies per request and step
+    d.eval()
+    prompts = [[3, 4, 5, 6, 7], [9, 8], [20, 21, 22, 23]]
+    want, _ = generate(target, prompts, max_new_tokens=24)
+    tokens = list(range(1, 20))
+    sched = ConfidenceScheduler(4, SPSTable(tokens, [1.0 / (1 + 0.1 * t) for t in tokens]),
+                                confidence_fn=lambda state: d.last_confidence)
+    chosen = []
+
+    def recording(state):
+        k = sched(state)
+        chosen.append(k[state.active])
+        return k
+
+    recording.max_spec_len = 4
+    got, stats = speculative_generate(target, d, prompts, max_new_tokens=24, scheduler=recording)
+    assert got == want
+    k = torch.cat(chosen).float()
+    # The per-token cost keeps K below 4 on average, and K varies.
+    assert 0.5 < float(k.mean()) < 3.5 and len(set(k.tolist())) >= 3 and stats["steps"] == len(k)

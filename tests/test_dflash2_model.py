@@ -1,0 +1,268 @@
+"""DFlash 2 drafter: identity convs reduce to DFlash, the ops path equals the
+reference path (convs, Top-K, path selection), the training form equals the
+inference form, the selector's loss and signals, and checkpoint I/O."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
+from flashspark.models.dflash2 import (DFlash2Config, DFlash2Drafter, TwoTapConv, load_dflash2, path_signals,
+                                       save_dflash2)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 101
+
+
+def tiny_target(seed=0, vocab=VOCAB) -> Qwen3ForCausalLM:
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0,
+                      max_position_embeddings=96, torch_dtype="float32")
+    m = Qwen3ForCausalLM(cfg)
+    m.init_weights(seed)
+    with torch.no_grad():
+        m.model.embed_tokens.weight.mul_(20)  # peaked logits: paths and Top-K are not all ties
+    return m.eval()
+
+
+def tiny_dflash2(target, seed=1, block_size=4, use_ops=True) -> DFlash2Drafter:
+    cfg = DFlash2Config.for_target(target.config, num_hidden_layers=2, block_size=block_size, mask_token_id=1,
+                                   num_features=3, selector_rank=8, selector_topk=6)
+    d = DFlash2Drafter(cfg, target, use_ops=use_ops)
+    d.init_weights(seed)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # every piece non-trivial: convs far from identity, a strong pair term
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5, generator=g)
+            elif ".conv." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.5 if name.endswith("base") else 0.2))
+            elif name.startswith("selector."):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.7)
+            else:
+                p.mul_(5)
+    return d.eval()
+
+
+def fill_cache(d, hidden, ctx):
+    B = hidden.shape[0]
+    cache = d.new_cache(B, hidden.shape[1] + d.block_size)
+    rows = [(b, t) for b in range(B) for t in range(int(ctx[b]))]
+    bs, ts = torch.tensor(rows).T
+    d.inject(cache, hidden[bs, ts], ts, bs)
+    return cache
+
+
+def test_conv_op_equals_reference_and_trains():
+    conv = TwoTapConv(40, 4)
+    with torch.no_grad():
+        conv.base.normal_()
+        conv.proj.weight.normal_()
+    x, res = torch.randn(3, 8, 40), torch.randn(3, 8, 40)
+    conv.use_ops = True
+    with torch.no_grad():
+        got = conv(x, residual=res)
+    conv.use_ops = False
+    want = conv(x, residual=res)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # Row 0 of each block of 4 ignores its left neighbour.
+    x2 = x.clone()
+    x2[:, 3] += 1.0
+    with torch.no_grad():
+        assert torch.equal(conv(x2)[:, 4:], conv(x)[:, 4:]) and not torch.equal(conv(x2)[:, 3], conv(x)[:, 3])
+    # With gradients the differentiable reference runs even when use_ops is set.
+    conv.use_ops = True
+    conv(x.requires_grad_()).sum().backward()
+    assert conv.base.grad.abs().sum() > 0 and conv.proj.weight.grad.abs().sum() > 0
+
+
+def test_identity_convs_reduce_to_dflash():
+    """A fresh DFlash 2 backbone loaded with DFlash weights drafts exactly like DFlash."""
+    torch.manual_seed(0)
+    target = tiny_target()
+    d2 = tiny_dflash2(target)  # convs far from identity: loading a DFlash backbone resets them
+    base = DFlashDrafter(DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=4, mask_token_id=1,
+                                                 num_features=3), target)
+    base.init_weights(3)
+    d2.load_dflash_backbone(base.state_dict())
+    tokens = torch.randint(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        hidden = target(tokens, hidden_layers=d2.config.target_layer_ids).hidden
+        ctx = torch.tensor([11, 25])
+        anchor = tokens.gather(1, ctx[:, None])[:, 0]
+        want = base.draft_hidden(fill_cache(base, hidden, ctx), anchor, ctx)
+        got = d2.draft_hidden(fill_cache(d2, hidden, ctx), anchor, ctx)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # ... and non-identity convs change it (the test above can fail).
+    with torch.no_grad():
+        d2.layers[0].mlp.conv.base[1].fill_(0.5)
+        moved = d2.draft_hidden(fill_cache(d2, hidden, ctx), anchor, ctx)
+    assert not torch.allclose(moved, want, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["backtrack", "greedy", "sample"])
+def test_propose_ops_equal_reference(mode):
+    """Inference forward through the ops (two_tap_conv, attention, topk_select, path_select)
+    equals the pure-PyTorch reference path: same drafts, candidates, q and signals."""
+    torch.manual_seed(1)
+    target = tiny_target()
+    d_op = tiny_dflash2(target, use_ops=True)
+    d_ref = tiny_dflash2(target, use_ops=False)
+    B, S = 3, 40
+    tokens = torch.randint(0, VOCAB, (B, S))
+    ctx = torch.tensor([5, 17, 33])
+    anchor = tokens.gather(1, ctx[:, None])[:, 0]
+    temp = torch.tensor([1.0, 0.7, 0.0])
+    seeds = torch.tensor([11, 12, 13])
+    offsets = torch.tensor([0, 5, 9])
+    with torch.no_grad():
+        hidden = target(tokens, hidden_layers=d_op.config.target_layer_ids).hidden
+        outs = [d.propose(fill_cache(d, hidden, ctx), anchor, ctx, mode=mode, temperature=temp, seeds=seeds,
+                          offsets=offsets) for d in (d_op, d_ref)]
+    (t1, c1, q1, s1), (t2, c2, q2, s2) = outs
+    assert t1.shape == (B, 3) and t1.dtype == torch.int64
+    assert torch.equal(t1, t2) and torch.equal(c1.long(), c2.long())
+    assert (t1[..., None] == c1.long()).any(-1).all()  # drafts are lattice candidates
+    for a, b in zip(s1, s2):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-4, rtol=1e-4)
+    if mode == "sample":
+        torch.testing.assert_close(q1, q2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(q1.sum(-1), torch.ones(B, 3))
+        # At T = 1 the sampled q row is the chosen-probability signal's distribution.
+        chosen = (c1.long() == t1[..., None]).float().argmax(-1, keepdim=True)
+        torch.testing.assert_close(q1[0].gather(-1, chosen[0])[:, 0], s1.chosen_prob[0], atol=1e-5, rtol=1e-5)
+    else:
+        assert q1 is None
+
+
+def test_training_form_equals_inference_form():
+    """The packed training forward (reference convs, SDPA) equals draft_hidden (ops) block by block."""
+    torch.manual_seed(2)
+    target = tiny_target()
+    d = tiny_dflash2(target, use_ops=True)
+    B, S, g = 2, 36, d.block_size
+    tokens = torch.randint(0, VOCAB, (B, S))
+    anchors = torch.tensor([[4, 20], [30, 9]])
+    with torch.no_grad():
+        hidden = target(tokens, hidden_layers=d.config.target_layer_ids).hidden
+        bt, pos = packed_blocks(tokens, anchors, g, 1)
+        d.use_ops = False
+        want = d(hidden, bt, pos, block_mask(anchors, S, g))
+        d.use_ops = True
+        for j in range(2):
+            ctx = anchors[:, j]
+            got = d.draft_hidden(fill_cache(d, hidden, ctx), tokens.gather(1, ctx[:, None])[:, 0], ctx)
+            torch.testing.assert_close(got, want[:, j * g:(j + 1) * g], atol=1e-4, rtol=1e-4)
+
+
+def test_backtrack_path_is_max_score():
+    """Backtrack mode returns the best path of the lattice (brute force over K^P paths)."""
+    torch.manual_seed(3)
+    target = tiny_target()
+    d = tiny_dflash2(target, block_size=4)
+    tokens = torch.randint(0, VOCAB, (1, 20))
+    ctx = torch.tensor([12])
+    anchor = tokens[:, 12]
+    with torch.no_grad():
+        hidden = target(tokens, hidden_layers=d.config.target_layer_ids).hidden
+        cache = fill_cache(d, hidden, ctx)
+        drafts, cand, _, _ = d.propose(cache, anchor, ctx, mode="backtrack")
+        h = d.draft_hidden(cache, anchor, ctx)[:, 1:]
+        cand2, unary, gg = d.lattice(h)
+    K = cand.shape[-1]
+    best, best_path = -math.inf, None
+    for idx in range(K ** 3):
+        path = [idx // K ** 2, (idx // K) % K, idx % K]
+        total, prev = 0.0, anchor[0]
+        for t, c in enumerate(path):
+            with torch.no_grad():
+                row = d.selector.pair_scores(unary[0, t], cand2[0, t], prev, gg[0, t])
+            total += float(row[c])
+            prev = cand2[0, t, c].long()
+        if total > best + 1e-6:
+            best, best_path = total, path
+    assert drafts[0].tolist() == [int(cand[0, t, c]) for t, c in enumerate(best_path)]
+
+
+def test_selector_loss_masks_and_learns():
+    torch.manual_seed(4)
+    target = tiny_target()
+    d = tiny_dflash2(target).train()
+    h = torch.randn(5, 64)
+    logits = d.logits(d.norm(h))
+    top = logits.topk(6, -1).indices
+    labels = torch.stack([top[0, 2], top[1, 0], top[2, 5], torch.tensor(-1), top[4, 1]])
+    labels[3] = int(torch.argsort(logits[3])[0])  # least likely token: never in the Top-6
+    prev = torch.randint(0, VOCAB, (5,))
+    loss, in_topk, hit = d.selector_loss(h, logits, prev, labels)
+    assert in_topk.tolist() == [True, True, True, False, True]
+    loss.backward()
+    assert d.selector.a_emb.grad.abs().sum() > 0 and d.selector.b_emb.grad.abs().sum() > 0
+    # Masked positions carry no loss: weights zero everywhere but row 3 give zero loss.
+    loss3, _, _ = d.selector_loss(h, logits, prev, labels, weights=torch.tensor([0.0, 0, 0, 1, 0]))
+    assert float(loss3.detach()) == 0.0
+
+
+def test_path_signals_hand_computed():
+    scores = torch.tensor([[[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    choice = torch.tensor([[0, 2]], dtype=torch.int32)
+    unary = torch.log(torch.tensor([[[0.5, 0.3, 0.2], [0.9, 0.05, 0.05]]]))
+    s = path_signals(scores, choice, unary)
+    p = torch.softmax(torch.tensor([2.0, 1.0, 0.0]), -1)
+    assert math.isclose(float(s.chosen_prob[0, 0]), float(p[0]), rel_tol=1e-6)
+    assert math.isclose(float(s.margin[0, 0]), 1.0) and math.isclose(float(s.margin[0, 1]), 0.0)
+    assert math.isclose(float(s.unary_top1[0, 1]), 0.9, rel_tol=1e-6)
+    assert math.isclose(float(s.entropy[0, 1]), math.log(3), rel_tol=1e-6)
+    assert s.position.tolist() == [[1, 2]] and s.features().shape == (1, 2, 4)
+    assert s.features()[0, 1].tolist() == [float(s.chosen_prob[0, 1]), 0.0, float(s.unary_top1[0, 1]),
+                                           float(s.entropy[0, 1])]
+
+
+def test_save_load_round_trip(tmp_path):
+    target = tiny_target()
+    d = tiny_dflash2(target)
+    save_dflash2(d, tmp_path, dtype=torch.float32)
+    d2 = load_dflash2(tmp_path, target)
+    assert dataclasses.replace(d2.config, torch_dtype="x") == dataclasses.replace(d.config, torch_dtype="x")
+    assert isinstance(d2, DFlash2Drafter) and d2.use_ops
+    for (n, a), (_, b) in zip(d.state_dict().items(), d2.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=n)
+    with pytest.raises(ValueError, match="not a dflash2"):
+        (tmp_path / "config.json").write_text((tmp_path / "config.json").read_text().replace('"dflash2"', '"dflash"'))
+        load_dflash2(tmp_path, target)
+
+
+def test_train_subcommands_parse():
+    """`train dflash2` / `train dspark` options map onto the trainers' argument dataclasses."""
+    import argparse
+
+    from flashspark.train import dflash2 as t2
+    from flashspark.train import dspark as ts
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="what")
+    t2.add_train_dflash2(sub)
+    ts.add_train_dspark(sub)
+    args = parser.parse_args(["dflash2", "--minutes", "7", "--init-from", "x", "--selector-topk", "8", "--no-bf16"])
+    a = t2.DFlash2TrainArgs(**t2.common_drafter_args(args), selector_topk=args.selector_topk)
+    assert (a.minutes, a.init_from, a.selector_topk, a.bf16, a.out) == (7.0, "x", 8, False, "runs/dflash2")
+    assert args.func is t2.run_train_dflash2
+    args = parser.parse_args(["dspark", "--resume", "--data-from", "runs/dflash", "--markov-rank", "32"])
+    a = ts.DSparkTrainArgs(**t2.common_drafter_args(args), markov_rank=args.markov_rank)
+    assert (a.resume, a.data_from, a.markov_rank, a.export.endswith("dspark")) == (True, "runs/dflash", 32, True)
+    assert args.func is ts.run_train_dspark
+
+
+def test_position_weights_and_block_targets():
+    from flashspark.train.dflash2 import block_targets, position_weights
+
+    torch.testing.assert_close(position_weights(4, 2.0), torch.exp(-torch.tensor([0.0, 1.0, 2.0]) / 2))
+    torch.testing.assert_close(position_weights(4, 2.0, first=0), torch.exp(-torch.tensor([1.0, 2.0, 3.0]) / 2))
+    tokens = torch.arange(100, 112)[None]
+    labels = torch.arange(200, 212)[None]
+    prev, target = block_targets(tokens, labels, torch.tensor([[2, 7]]), 4)
+    assert target.tolist() == [[[203, 204, 205], [208, 209, 210]]]
+    assert prev.tolist() == [[[102, 203, 204], [107, 208, 209]]]  # the anchor token, then the true tokens
