@@ -104,15 +104,19 @@ class DFlashConfig:
         Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "DFlashConfig":
+    def from_file(cls, path: str | Path):
+        """Config of this class from config.json, checking its model_type (subclasses inherit this)."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"drafter config {path} not found")
         d = json.loads(path.read_text())
-        if d.get("model_type") != "dflash":
-            raise ValueError(f"{path} is not a DFlash drafter config (model_type {d.get('model_type')!r})")
+        want = cls.__dataclass_fields__["model_type"].default
+        if d.get("model_type") != want:
+            if want == "dflash":
+                raise ValueError(f"{path} is not a DFlash drafter config (model_type {d.get('model_type')!r})")
+            raise ValueError(f"{path} is not a {want} drafter config (model_type {d.get('model_type')!r})")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -355,19 +359,20 @@ def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = t
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
-def load_dflash(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
-                use_ops: bool = True) -> DFlashDrafter:
-    """Drafter from a directory, attached to `target` (dtype and device follow the target by default)."""
+def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None,
+                 use_ops: bool = True):
+    """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory,
+    attached to `target` (dtype and device follow the target by default)."""
     from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"drafter directory {path} not found")
-    config = DFlashConfig.from_file(path)
+    config = config_cls.from_file(path)
     weights = path / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"drafter weights {weights} not found")
-    drafter = DFlashDrafter(config, use_ops=use_ops)
+    drafter = drafter_cls(config, use_ops=use_ops)
     state = load_file(str(weights))
     want = drafter.state_dict()
     missing = sorted(set(want) - set(state))
@@ -381,3 +386,9 @@ def load_dflash(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype |
     drafter.to(device=p.device, dtype=dtype or p.dtype)
     drafter.cos_sin = drafter.cos_sin.float()  # the RoPE table stays fp32
     return drafter.attach(target).eval()
+
+
+def load_dflash(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
+                use_ops: bool = True) -> DFlashDrafter:
+    """DFlash drafter from a directory, attached to `target`."""
+    return load_drafter(path, target, DFlashDrafter, DFlashConfig, dtype, use_ops)

@@ -29,7 +29,6 @@ references in `flashspark.reference`, which compute the same functions.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -39,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .dflash import WEIGHTS_NAME, DFlashCache, DFlashConfig, DFlashDrafter, save_dflash
+from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .qwen3 import Qwen3ForCausalLM, Qwen3MLP, RMSNorm
 
 CONV_GROUP = reference.CONV_GROUP  # channels sharing one dynamic tap (fixed by the op)
@@ -57,26 +56,6 @@ class DFlash2Config(DFlashConfig):
         if not 1 <= self.selector_topk <= 16:
             raise ValueError(f"selector_topk must lie in [1, 16], got {self.selector_topk}")
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> "DFlash2Config":
-        return _config_from_file(cls, path)
-
-
-def _config_from_file(cls, path):
-    """Config of class `cls` from config.json, checking its model_type (shared by DFlash 2 and DSpark)."""
-    import json
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"drafter config {path} not found")
-    d = json.loads(path.read_text())
-    want = cls.__dataclass_fields__["model_type"].default
-    if d.get("model_type") != want:
-        raise ValueError(f"{path} is not a {want} drafter config (model_type {d.get('model_type')!r})")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in d.items() if k in names})
 
 
 # ---------------------------------------------------------------------- two-tap conv
@@ -311,35 +290,6 @@ def _path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, *, mode, te
 def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """config.json + model.safetensors (the drafter's own weights: backbone, convs, selector)."""
     save_dflash(drafter, path, dtype)
-
-
-def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None,
-                 use_ops: bool = True):
-    """A drafter of class `drafter_cls` from a directory, attached to `target`
-    (the checks of `models.dflash.load_dflash` for any drafter class)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"drafter directory {path} not found")
-    config = config_cls.from_file(path)
-    weights = path / WEIGHTS_NAME
-    if not weights.is_file():
-        raise FileNotFoundError(f"drafter weights {weights} not found")
-    drafter = drafter_cls(config, use_ops=use_ops)
-    state = load_file(str(weights))
-    want = drafter.state_dict()
-    missing = sorted(set(want) - set(state))
-    if missing:
-        raise ValueError(f"drafter checkpoint {path} is missing tensors: {', '.join(missing[:5])}")
-    for n, t in want.items():
-        if tuple(state[n].shape) != tuple(t.shape):
-            raise ValueError(f"tensor {n} has shape {tuple(state[n].shape)} but config.json implies {tuple(t.shape)}")
-    drafter.load_state_dict({n: state[n].float() for n in want})
-    p = target.model.embed_tokens.weight
-    drafter.to(device=p.device, dtype=dtype or p.dtype)
-    drafter.cos_sin = drafter.cos_sin.float()  # the RoPE table stays fp32
-    return drafter.attach(target).eval()
 
 
 def load_dflash2(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,

@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, save_dflash
-from .dflash2 import _config_from_file, load_drafter
+from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .qwen3 import Qwen3ForCausalLM
 
 CALIBRATION_NAME = "calibration.json"
@@ -39,10 +38,6 @@ class DSparkConfig(DFlashConfig):
     markov_rank: int = 64          # r of W1 / W2 (256 at full scale)
     architectures: list[str] = field(default_factory=lambda: ["DSparkDraftModel"])
     model_type: str = "dspark"
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "DSparkConfig":
-        return _config_from_file(cls, path)
 
 
 class DSparkDrafter(DFlashDrafter):
