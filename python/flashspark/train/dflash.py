@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -240,8 +241,6 @@ def _log_to(out: Path):
 
 
 def train(a: DFlashTrainArgs) -> dict:
-    from tqdm import tqdm
-
     wall_start = time.time()
     torch.set_num_threads(a.threads)
     out = Path(a.out)
@@ -284,12 +283,42 @@ def train(a: DFlashTrainArgs) -> dict:
     drafter = DFlashDrafter(config, target, use_ops=False)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, a.init_layers)
+    log(f"drafter: gamma_d {decay}, features from target layers {layer_ids}")
+    weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)   # k = 1..g-1 -> exp(-(k-1)/gamma_d)
+
+    def loss_fn(d, feats, tokens, labels, anchors, idx):
+        loss, hits = block_loss(d, feats, tokens, labels, anchors, weights)
+        return loss, {"acc1": hits[..., 0].float().mean().item()}
+
+    def eval_fn(d):
+        return evaluate(d, ev, a.prompt_tokens, bf16=a.bf16)
+
+    step, elapsed, history, prior_wall = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn,
+                                                       wall_start, log, "train dflash")
+    return export(drafter, target, ev, a, config, history, step, elapsed, N, L, decay,
+                  wall_minutes=(prior_wall + time.time() - wall_start) / 60, log=log)
+
+
+def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float,
+                  log, desc: str):
+    """The budgeted training loop of every drafter trainer (DFlash, DFlash 2, DSpark).
+
+    loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
+    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}. Returns (step, elapsed, history,
+    prior_wall), prior_wall being the wall seconds of the runs this one resumed.
+    """
+    from tqdm import tqdm
+
+    out = Path(a.out)
+    ckpt_path = out / "ckpt.pt"
+    budget = a.minutes * 60.0
+    N, L = pool["tokens"].shape
+    g = config.block_size
     decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
     other = [p for p in drafter.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay_params, "weight_decay": a.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
-    step, elapsed, history = 0, 0.0, []
-    prior_wall = 0.0
+    step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
     if a.resume:
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if ck["config"] != dataclasses.asdict(config):
@@ -299,21 +328,19 @@ def train(a: DFlashTrainArgs) -> dict:
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
         prior_wall = ck.get("wall", 0.0)
         log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
-    # Training time = what is left of the budget after data and before export.
     train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
     if train_budget <= elapsed:
         log("no training time left in the budget; exporting")
-    log(f"drafter: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}, gamma_d {decay}, "
-        f"features from target layers {layer_ids}; pool {N} x {L} tokens; training {(train_budget - elapsed) / 60:.1f} min")
+    log(f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"training {(train_budget - elapsed) / 60:.1f} min")
 
-    weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)   # k = 1..g-1 -> exp(-(k-1)/gamma_d)
     gen = torch.Generator().manual_seed(a.seed * 1000 + step)
     next_eval = elapsed + a.eval_every_min * 60
     next_ckpt = elapsed + a.ckpt_every_min * 60
-    bar = tqdm(total=max(1, round(train_budget)), initial=round(elapsed), unit="s", desc="train dflash",
-               dynamic_ncols=True, mininterval=5)
+    bar = tqdm(total=max(1, round(train_budget)), initial=min(round(elapsed), max(1, round(train_budget))),
+               unit="s", desc=desc, dynamic_ncols=True, mininterval=5)
     drafter.train()
-    ema = None
+    ema: dict[str, float] = {}
 
     def save_ckpt():
         tmp = ckpt_path.with_suffix(".tmp")
@@ -330,25 +357,26 @@ def train(a: DFlashTrainArgs) -> dict:
         idx = torch.randint(0, N, (a.batch_size,), generator=gen)
         anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss, hits = block_loss(drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx],
-                                    anchors, weights)
+            loss, stats = loss_fn(drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx],
+                                  anchors, idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
         opt.step()
         step += 1
         elapsed += time.time() - t0
-        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        bar.update(min(round(elapsed), bar.total) - bar.n)
-        bar.set_postfix(step=step, loss=f"{ema:.3f}", acc1=f"{hits[..., 0].float().mean():.2f}", lr=f"{lr:.1e}",
-                        refresh=False)
+        stats = {"loss": loss.item()} | stats
+        ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in stats.items()}
+        bar.update(max(0, min(round(elapsed), bar.total) - bar.n))
+        bar.set_postfix(step=step, lr=f"{lr:.1e}", **{k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
         if elapsed >= next_eval:
-            ev_stats = evaluate(drafter, ev, a.prompt_tokens, bf16=a.bf16)
-            rec = {"step": step, "minutes": elapsed / 60, "train_loss": ema, "tau": ev_stats["tau"],
-                   "acceptance": ev_stats["acceptance"]}
+            ev = eval_fn(drafter)
+            drafter.train()
+            rec = {"step": step, "minutes": elapsed / 60, "train_loss": ema["loss"], "tau": ev["tau"],
+                   "acceptance": ev["acceptance"]}
             history.append(rec)
-            bar.write(f"step {step} ({elapsed / 60:.1f} min): loss {ema:.3f}  held-out tau {ev_stats['tau']:.2f}  "
-                      f"acceptance {' '.join(f'{x:.2f}' for x in ev_stats['acceptance'])}")
+            bar.write(f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
+                      f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}")
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
             next_eval = elapsed + a.eval_every_min * 60
@@ -357,8 +385,7 @@ def train(a: DFlashTrainArgs) -> dict:
             next_ckpt = elapsed + a.ckpt_every_min * 60
     bar.close()
     save_ckpt()
-    return export(drafter, target, ev, a, config, history, step, elapsed, N, L, decay,
-                  wall_minutes=(prior_wall + time.time() - wall_start) / 60, log=log)
+    return step, elapsed, history, prior_wall
 
 
 def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_len, decay, wall_minutes, log) -> dict:

@@ -14,20 +14,17 @@ start as the identity, so step 0 drafts exactly like it. `--data-from RUN`
 reuses another run's generated data (e.g. `runs/dflash`), saving the
 generation share of the budget.
 
-`train_drafter` is the budgeted loop (resume, checkpoints, progress bar,
-periodic held-out evaluation, export) shared with the DSpark trainer.
+The budgeted loop (resume, checkpoints, progress bar, periodic held-out
+evaluation) is `train.dflash.train_drafter`, shared by every drafter trainer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -36,7 +33,7 @@ from ..models import load_model
 from ..models.dflash import load_dflash
 from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
 from .dflash import (DECAY, DFlashTrainArgs, _log_to, block_loss, build_pool, evaluate, generate_sequences,
-                     init_from_target, load_pool, lr_at, sample_anchors)
+                     init_from_target, load_pool, train_drafter)
 from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
@@ -102,94 +99,6 @@ def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dic
         return pool
     train_ids = data.split_token_ids("train", tok, out / "cache")
     return build_pool(target, a, layer_ids, train_ids, budget_s, out, log)
-
-
-def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float,
-                  log, desc: str):
-    """The budgeted training loop of `train.dflash.train` for any drafter and loss.
-
-    loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
-    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}. Returns (step, elapsed, history).
-    """
-    from tqdm import tqdm
-
-    out = Path(a.out)
-    ckpt_path = out / "ckpt.pt"
-    budget = a.minutes * 60.0
-    N, L = pool["tokens"].shape
-    g = config.block_size
-    decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
-    other = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay_params, "weight_decay": a.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
-    step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
-    if a.resume:
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config"] != dataclasses.asdict(config):
-            raise ValueError(f"checkpoint {ckpt_path} was made with a different drafter config")
-        drafter.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
-        prior_wall = ck.get("wall", 0.0)
-        log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
-    train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
-    if train_budget <= elapsed:
-        log("no training time left in the budget; exporting")
-    log(f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
-        f"training {(train_budget - elapsed) / 60:.1f} min")
-
-    gen = torch.Generator().manual_seed(a.seed * 1000 + step)
-    next_eval = elapsed + a.eval_every_min * 60
-    next_ckpt = elapsed + a.ckpt_every_min * 60
-    bar = tqdm(total=max(1, round(train_budget)), initial=min(round(elapsed), max(1, round(train_budget))),
-               unit="s", desc=desc, dynamic_ncols=True, mininterval=5)
-    drafter.train()
-    ema: dict[str, float] = {}
-
-    def save_ckpt():
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "history": history, "config": dataclasses.asdict(config), "args": asdict(a),
-                    "wall": prior_wall + time.time() - wall_start}, tmp)
-        os.replace(tmp, ckpt_path)
-
-    while elapsed < train_budget:
-        t0 = time.time()
-        lr = lr_at(elapsed / train_budget, a)
-        for grp in opt.param_groups:
-            grp["lr"] = lr
-        idx = torch.randint(0, N, (a.batch_size,), generator=gen)
-        anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss, stats = loss_fn(drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx],
-                                  anchors, idx)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
-        opt.step()
-        step += 1
-        elapsed += time.time() - t0
-        stats = {"loss": loss.item()} | stats
-        ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in stats.items()}
-        bar.update(max(0, min(round(elapsed), bar.total) - bar.n))
-        bar.set_postfix(step=step, lr=f"{lr:.1e}", **{k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
-        if elapsed >= next_eval:
-            ev = eval_fn(drafter)
-            drafter.train()
-            rec = {"step": step, "minutes": elapsed / 60, "train_loss": ema["loss"], "tau": ev["tau"],
-                   "acceptance": ev["acceptance"]}
-            history.append(rec)
-            bar.write(f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
-                      f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}")
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-            next_eval = elapsed + a.eval_every_min * 60
-        if elapsed >= next_ckpt:
-            save_ckpt()
-            next_ckpt = elapsed + a.ckpt_every_min * 60
-    bar.close()
-    save_ckpt()
-    return step, elapsed, history
 
 
 def setup_run(a):
@@ -327,10 +236,10 @@ def train(a: DFlash2TrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_paths(d, ev, a.prompt_tokens, a.path_mode)
 
-    step, elapsed, history = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
+    step, elapsed, history, prior_wall = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
                                            "train dflash2")
     return export(drafter, target, ev, a, config, history, step, elapsed, pool["tokens"].shape, decay,
-                  (time.time() - wall_start) / 60, log)
+                  (prior_wall + time.time() - wall_start) / 60, log)
 
 
 def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, decay, wall_minutes, log) -> dict:

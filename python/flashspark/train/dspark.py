@@ -1,7 +1,7 @@
 """Distil the DSpark drafter from the shipped target on CPU, then calibrate its confidences.
 
 Data, anchors, masks and the budgeted loop are the DFlash trainer's
-(`train.dflash`, via `train.dflash2.train_drafter`). The loss (DESIGN.md §1 "DSpark"),
+(`train.dflash.train_drafter`). The loss (DESIGN.md §1 "DSpark"),
 per block position k = 1..γ-1 weighted by exp(-k/γ_d), with teacher forcing
 (x_{k-1} = the true previous token):
 
@@ -40,9 +40,9 @@ from ..models.dflash import block_mask, load_dflash, packed_blocks
 from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
 from ..spec.calibration import calibration_report as block_calibration_report
 from ..spec.calibration import expected_calibration_error
-from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target
+from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target, train_drafter
 from .dflash2 import (add_common_drafter_options, block_targets, common_drafter_args, data_pool, eval_set,
-                      position_weights, setup_run, train_drafter)
+                      position_weights, setup_run)
 from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
@@ -281,7 +281,7 @@ def train(a: DSparkTrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_dspark(d, ev, a.prompt_tokens)
 
-    step, elapsed, history = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
+    step, elapsed, history, _ = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
                                            "train dspark")
     return export(drafter, target, ev, calib, a, config, history, step, elapsed, pool["tokens"].shape, decay,
                   wall_start, log)
