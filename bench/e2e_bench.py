@@ -6,11 +6,12 @@ tokens, no early stop). Reports tau (tokens per target forward), tokens/s and
 the ratio to plain decoding at the same concurrency; prints a table, writes
 bench/results/e2e_bench.json and a plot bench/results/e2e_bench.png.
 
-    python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dflash:k=3]
+    python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dspark:sched=confidence]
 
-Methods are `name[:k=K]`; a new method plugs in by adding a factory to METHODS
-(name -> function(args, target, k) returning decode(prompts, max_new_tokens,
-temperature, seed) -> (outputs, stats)).
+Methods are `ar` or a `flashspark.spec.methods` spec (drafter plus options:
+`dflash:k=3`, `dflash2:path=sample`, `dspark:sched=confidence,delay=2`).
+Also reports drafts verified per step and the fraction of them rejected
+(wasted verify work).
 """
 
 from __future__ import annotations
@@ -27,67 +28,62 @@ import torch
 from flashspark import data
 from flashspark.generate import generate
 from flashspark.models import load_model
+from flashspark.spec.methods import DRAFTERS, load_method_drafter, make_decoder, parse_method
 from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence"]
 
 
-def make_ar(args, target, k):
+def make_ar(target):
     def decode(prompts, max_new_tokens, temperature, seed):
         return generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    decode.prepare = lambda batch_size, temperature: None
     return decode
 
 
-def make_dflash(args, target, k):
-    from flashspark.models.dflash import load_dflash
-    from flashspark.spec import FixedK, speculative_generate
-
-    drafter = load_dflash(args.dflash or data.ASSETS_DIR / "dflash", target)
-    scheduler = FixedK(drafter.block_size - 1 if k is None else k)
-
-    def decode(prompts, max_new_tokens, temperature, seed):
-        return speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                                    temperature=temperature, seed=seed, scheduler=scheduler)
-    return decode
-
-
-METHODS = {"ar": make_ar, "dflash": make_dflash}
+def make_methods(args, target) -> dict:
+    """Method name -> decode(prompts, max_new_tokens, temperature, seed); each drafter loaded once."""
+    drafters, methods = {}, {"ar": make_ar(target)}
+    dirs = {"dflash": args.dflash, "dflash2": args.dflash2, "dspark": args.dspark}
+    for text in args.methods:
+        if text == "ar":
+            continue
+        spec = parse_method(text)
+        if spec.drafter not in drafters:
+            drafters[spec.drafter] = load_method_drafter(spec.drafter, target, dirs[spec.drafter])
+        methods[text] = make_decoder(spec, target, drafters[spec.drafter], drafter_dir=dirs[spec.drafter])
+    return methods
 
 
-def parse_method(spec: str) -> tuple[str, int | None]:
-    name, _, opt = spec.partition(":")
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    k = None
-    if opt:
-        key, _, val = opt.partition("=")
-        if key != "k" or not val.isdigit():
-            raise ValueError(f"method option {opt!r} not understood; use name:k=N")
-        k = int(val)
-    return name, k
-
-
-def run(args) -> dict:
+def load_target(args):
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=device)
+    return load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=device)
+
+
+def run(args, target=None, methods=None) -> dict:
+    """One task at one temperature: every method at every concurrency (target and methods may be given)."""
+    target = target or load_target(args)
+    device, dtype = target.model.embed_tokens.weight.device, target.model.embed_tokens.weight.dtype
     tok = data.load_tokenizer()
     prompts = data.heldout_prompts(args.task, max(max(args.concurrency), args.min_prompts), args.prompt_tokens, tok)
-    methods = {spec: METHODS[name](args, target, k) for spec, (name, k) in
-               ((s, parse_method(s)) for s in args.methods)}
-    if "ar" not in methods:
-        methods = {"ar": make_ar(args, target, None), **methods}
-    for decode in methods.values():  # warm up allocator and kernels
+    methods = methods or make_methods(args, target)
+    for decode in methods.values():  # warm up allocator and kernels; profile SPS tables before any timing
         decode(prompts[:2], 8, args.temperature, 0)
-    print(f"{'method':>12} {'conc':>5} {'tau':>6} {'tokens/s':>10} {'vs plain':>9} {'ms/step':>8}  same as plain")
+        for c in args.concurrency:
+            decode.prepare(c, args.temperature)
+    w = max(12, max(len(m) for m in methods))
+    print(f"{'method':>{w}} {'conc':>5} {'tau':>6} {'verified':>8} {'wasted':>7} {'tokens/s':>10} {'vs plain':>9} "
+          f"{'ms/step':>8}  same as plain")
     rows = []
     for c in args.concurrency:
         # At least min_prompts prompts per row (batches of c), so low concurrency is not one prompt's luck.
         batches = [prompts[i:i + c] for i in range(0, max(c, args.min_prompts), c)]
         plain_out, plain_tps = None, None
         for spec, decode in methods.items():
-            best = None
+            best, times = None, []
             for r in range(args.repeats):
                 outs, sts = [], []
                 for batch in batches:
@@ -95,6 +91,7 @@ def run(args) -> dict:
                     outs += out
                     sts.append(st)
                 st = _merge(sts)
+                times.append(st["seconds"])
                 if best is None or st["seconds"] < best[1]["seconds"]:
                     best = (outs, st)
             out, st = best
@@ -105,11 +102,18 @@ def run(args) -> dict:
             row = {"method": spec, "concurrency": c, "prompts": len(out), "tau": tau,
                    "tokens_per_s": st["tokens_per_s"], "per_request_tokens_per_s": st["tokens_per_s"] / c,
                    "speedup": st["tokens_per_s"] / plain_tps, "ms_per_step": st["ms_per_step"],
-                   "seconds": st["seconds"], "new_tokens": st["new_tokens"], "same_as_plain": same,
+                   "seconds": st["seconds"], "seconds_repeats": times,
+                   # spread of the repeats: the noise a comparison between rows must clear
+                   "spread": (max(times) - min(times)) / min(times) if len(times) > 1 else None,
+                   "new_tokens": st["new_tokens"], "same_as_plain": same,
+                   "verified_per_step": st.get("verified_per_step", 0.0),
+                   "drafts_verified": st.get("drafts_verified", 0), "drafts_wasted": st.get("drafts_wasted", 0),
+                   "wasted_fraction": st.get("drafts_wasted", 0) / max(1, st.get("drafts_verified", 0)),
                    "acceptance_per_position": st.get("acceptance_per_position"),
                    "phase_seconds": st.get("phase_seconds")}
             rows.append(row)
-            print(f"{spec:>12} {c:>5} {tau:>6.2f} {row['tokens_per_s']:>10.1f} {row['speedup']:>8.2f}x "
+            print(f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
+                  f"{row['tokens_per_s']:>10.1f} {row['speedup']:>8.2f}x "
                   f"{row['ms_per_step']:>8.2f}  {'' if same is None else ('yes' if same else 'NO')}", flush=True)
     hw = hardware_string()
     if device.type == "cuda":
@@ -119,7 +123,8 @@ def run(args) -> dict:
         "hardware": hw, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "command": "python bench/e2e_bench.py " + shlex.join(sys.argv[1:]),
-        "target": str(args.model or "shipped target"), "dflash": str(args.dflash or "shipped drafter"),
+        "target": str(args.model or "shipped target"),
+        "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
         "task": args.task, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "min_prompts": args.min_prompts,
         "decoding": "no early stop; best of repeats; at least min_prompts prompts per row, in batches of c",
@@ -137,6 +142,10 @@ def _merge(stats: list[dict]) -> dict:
     merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
               "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
               "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0}
+    if "drafts_verified" in stats[0]:
+        for key in ("drafts_verified", "drafts_wasted"):
+            merged[key] = sum(s[key] for s in stats)
+        merged["verified_per_step"] = merged["drafts_verified"] / max(1, steps)
     if "phase_seconds" in stats[0]:
         merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
         tried = [s["acceptance_per_position"] for s in stats]
@@ -169,10 +178,12 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", nargs="+", default=["ar", "dflash", "dflash:k=3", "dflash:k=1"],
-                   help="name[:k=K]; known: " + ", ".join(METHODS))
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
+                   help="ar, or drafter[:k=N,sched=fixed|confidence,path=...,delay=N] with drafter one of "
+                        + ", ".join(DRAFTERS) + " (default: %(default)s)")
     p.add_argument("--model", default=None, help="target model directory (default: shipped)")
-    p.add_argument("--dflash", default=None, help="DFlash drafter directory (default: shipped)")
+    for name in DRAFTERS:
+        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: shipped)")
     p.add_argument("--task", default="code", choices=data.TASKS)
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -191,7 +202,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else RESULTS / f"e2e_bench{suffix}.json"
     try:
         for m in args.methods:
-            parse_method(m)
+            if m != "ar":
+                parse_method(m)
         result = run(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -149,9 +149,10 @@ def test_profile_sps_and_cache(tmp_path):
 
 
 def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
-    """The current loop (argmax of `draft_logits`) runs a DSpark drafter with the confidence
-    scheduler fed by the drafter's last confidences: greedy output equals plain decoding,
-    and the scheduler verifies fewer tokens per request than a fixed K when confidences are low."""
+    """The loop runs a DSpark drafter (Markov chain via `propose`) with the confidence
+    scheduler fed by the drafter's confidences (`ScheduleState.confidence`): greedy output
+    equals plain decoding, and the scheduler verifies fewer tokens per request than a fixed
+    K when confidences are low."""
     from flashspark.generate import generate
     from flashspark.models.dspark import DSparkConfig, DSparkDrafter
     from flashspark.spec import speculative_generate
@@ -176,8 +177,7 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     prompts = [[3, 4, 5, 6, 7], [9, 8], [20, 21, 22, 23]]
     want, _ = generate(target, prompts, max_new_tokens=24)
     tokens = list(range(1, 20))
-    sched = ConfidenceScheduler(4, SPSTable(tokens, [1.0 / (1 + 0.1 * t) for t in tokens]),
-                                confidence_fn=lambda state: d.last_confidence)
+    sched = ConfidenceScheduler(4, SPSTable(tokens, [1.0 / (1 + 0.1 * t) for t in tokens]))
     chosen = []
 
     def recording(state):

@@ -3,7 +3,6 @@ token for token; sampled output follows the target's distribution (and a
 planted bug is caught). Also the Philox sampling helpers and the CLI glue."""
 
 import argparse
-import math
 
 import pytest
 import torch
@@ -11,36 +10,15 @@ import torch.nn.functional as F
 
 from flashspark import data, reference
 from flashspark.generate import generate
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM, load_model
+from flashspark.models import load_model
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, load_dflash
 from flashspark.spec import FixedK, loop, sampling, speculative_generate
+
+from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 SHIPPED_TARGET = data.ASSETS_DIR / "target"
 SHIPPED_DFLASH = data.ASSETS_DIR / "dflash"
 HAVE_DFLASH = (SHIPPED_DFLASH / "model.safetensors").is_file()
-
-
-def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=160,
-                      torch_dtype="float32")
-    m = Qwen3ForCausalLM(cfg)
-    m.init_weights(seed)
-    with torch.no_grad():  # spread the logits: a near-uniform target makes every test weak
-        m.model.embed_tokens.weight.mul_(scale)
-    return m.eval()
-
-
-def tiny_drafter(target, block_size=5, seed=1, scale=5.0) -> DFlashDrafter:
-    cfg = DFlashConfig.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
-                                  num_features=2)
-    d = DFlashDrafter(cfg, target)
-    d.init_weights(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.mul_(scale)
-    return d.eval()
 
 
 class OracleDrafter(DFlashDrafter):
@@ -60,11 +38,6 @@ class OracleDrafter(DFlashDrafter):
         truth = self.sequences.gather(1, pos.clamp(max=self.sequences.shape[1] - 1))
         wrong = (pos * 7 + torch.arange(len(pos))[:, None] * 3) % 11 == 0
         return F.one_hot(torch.where(wrong, (truth + 1) % V, truth), V).float() * 10
-
-
-def prompts_of(lengths, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
 @pytest.mark.parametrize("k", [None, 2, 0])
@@ -141,37 +114,6 @@ def test_greedy_equals_plain_shipped_target():
 
 
 # ----------------------------------------------------------- sampled decoding
-def exact_joint(target, prompt, n, temperature):
-    """p(x_1..x_n | prompt) over all V^n continuations, flattened [V^n]."""
-    V = target.config.vocab_size
-    seqs = torch.cartesian_prod(*[torch.arange(V)] * n)                          # [V^n, n]
-    x = torch.cat((torch.tensor(prompt).expand(len(seqs), -1), seqs), 1)
-    with torch.no_grad():
-        logp = torch.log_softmax(target(x).logits[:, len(prompt) - 1:-1] / temperature, -1)
-    return logp.gather(2, seqs[..., None]).sum((1, 2)).exp()
-
-
-def spec_joint(target, drafter, prompt, n, temperature, samples, seed=0):
-    out, _ = speculative_generate(target, drafter, [prompt] * samples, max_new_tokens=n,
-                                  temperature=temperature, seed=seed)
-    V = target.config.vocab_size
-    idx = torch.tensor(out) @ (V ** torch.arange(n - 1, -1, -1))
-    return torch.bincount(idx, minlength=V ** n).double()
-
-
-def chi_square_ok(counts, probs, p_value=1e-4) -> bool:
-    """Pearson chi-square goodness of fit; cells with expected count < 5 are pooled."""
-    expected = probs.double() * counts.sum()
-    small = expected < 5
-    obs = torch.cat((counts[~small], counts[small].sum()[None]))
-    exp = torch.cat((expected[~small], expected[small].sum()[None]))
-    stat = float(((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum())
-    df = len(obs) - 1
-    z = {1e-4: 3.719, 1e-3: 3.090}[p_value]  # Wilson-Hilferty approximation of the chi-square quantile
-    limit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return stat < limit
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sampled_distribution_matches_target(temperature):
     target = tiny_target(vocab=8, layers=1, seed=5, scale=3.0)

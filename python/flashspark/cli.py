@@ -1,4 +1,4 @@
-"""Command line: `python -m flashspark {train,generate} ...`.
+"""Command line: `python -m flashspark {train,generate,fit-proxy} ...`.
 
 Subcommands are registered by small `add_*` functions so that new methods
 (`train dflash`, `generate --method dspark`, ...) slot in without touching the
@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 
-GENERATE_METHODS = ["ar", "dflash"]
+GENERATE_METHODS = ["ar", "dflash", "dflash2", "dspark"]
 
 
 def add_train_target(sub) -> None:
@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_dflash2(train_sub)
     add_train_dspark(train_sub)
     add_generate(sub)
+    from .spec.cli import add_fit_proxy
+
+    add_fit_proxy(sub)
     return parser
 
 

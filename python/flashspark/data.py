@@ -243,31 +243,44 @@ def _is_prose(text: str) -> bool:
     return sum(c.islower() for c in chars) / len(chars) >= 0.5
 
 
-@functools.lru_cache(maxsize=1)
-def _heldout_sources() -> tuple[str, ...]:
+# Prompt sets: the held-out files, and a calibration set of training-split files
+# (every CALIBRATION_STRIDE-th) for fitting confidence models on the target's
+# verification outcomes without touching the held-out files.
+PROMPT_SETS = ("heldout", "calibration")
+CALIBRATION_STRIDE = 20
+
+
+@functools.lru_cache(maxsize=2)
+def _sources(prompt_set: str) -> tuple[str, ...]:
     # Read once per process: benchmarks and tests ask for prompts repeatedly.
-    return tuple(read_source(f) for f in split_files("heldout"))
+    if prompt_set == "heldout":
+        files = split_files("heldout")
+    elif prompt_set == "calibration":
+        files = split_files("train")[::CALIBRATION_STRIDE]
+    else:
+        raise ValueError(f"unknown prompt set {prompt_set!r}; expected one of {PROMPT_SETS}")
+    return tuple(read_source(f) for f in files)
 
 
-def heldout_documents(task: str) -> list[str]:
-    """Held-out documents of a task: whole files (`code`) or docstrings and
-    comment blocks (`prose`)."""
+def heldout_documents(task: str, prompt_set: str = "heldout") -> list[str]:
+    """Documents of a task: whole files (`code`) or docstrings and comment
+    blocks (`prose`), of the held-out files (or of the calibration set)."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
-    return list(_heldout_documents(task))
+    return list(_documents(task, prompt_set))
 
 
 @functools.lru_cache(maxsize=None)
-def _heldout_documents(task: str) -> tuple[str, ...]:
-    sources = _heldout_sources()
+def _documents(task: str, prompt_set: str) -> tuple[str, ...]:
+    sources = _sources(prompt_set)
     if task == "code":
         return sources
     return tuple(p for src in sources for p in extract_prose(src))
 
 
-def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer) -> list[list[int]]:
+def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer, prompt_set: str = "heldout") -> list[list[int]]:
     """`n` deterministic prompts of exactly `prompt_tokens` tokens from the
-    held-out files.
+    held-out files (`prompt_set="calibration"`: from the calibration set).
 
     `code` prompts start at a line that opens a `def` or `class` so that the
     continuation is ordinary code; `prose` prompts are windows over the stream
@@ -276,7 +289,7 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer) -> list[li
     """
     if n <= 0 or prompt_tokens <= 0:
         raise ValueError("n and prompt_tokens must be positive")
-    docs = heldout_documents(task)
+    docs = heldout_documents(task, prompt_set)
     candidates: list[list[int]] = []
     if task == "code":
         for src, enc in zip(docs, tokenizer.encode_batch(docs, add_special_tokens=False)):
@@ -304,7 +317,7 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer) -> list[li
                 candidates.append(stream[s:s + prompt_tokens])
     if len(candidates) < n:
         raise ValueError(
-            f"held-out {task} set has only {len(candidates)} prompts of {prompt_tokens} tokens; asked for {n}")
+            f"{prompt_set} {task} set has only {len(candidates)} prompts of {prompt_tokens} tokens; asked for {n}")
     picks = np.linspace(0, len(candidates) - 1, n).round().astype(int)
     return [list(candidates[i]) for i in picks]
 

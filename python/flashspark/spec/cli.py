@@ -1,12 +1,15 @@
-"""Command-line glue for speculative decoding: `train dflash` and
-`generate --method dflash`, registered from `flashspark.cli`."""
+"""Command-line glue for speculative decoding: `train dflash`, `fit-proxy` and
+`generate --method dflash|dflash2|dspark`, registered from `flashspark.cli`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-SPEC_METHODS = ["dflash"]
+from .methods import DRAFTERS, SCHEDULERS
+from .loop import PATH_MODES
+
+SPEC_METHODS = list(DRAFTERS)
 
 
 def add_train_dflash(train_sub) -> None:
@@ -57,8 +60,17 @@ def run_train_dflash(args) -> int:
 def add_generate_spec_args(p) -> None:
     """Options of `generate` that only speculative methods read."""
     p.add_argument("--k", type=int, default=None,
-                   help="draft tokens verified per step (speculative methods; default: block size - 1)")
+                   help="draft tokens verified per step (fixed scheduler), or their bound (confidence "
+                        "scheduler); default: block size - 1")
     p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one for --method)")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="fixed",
+                   help="fixed K, or DSpark's confidence scheduler (dspark: its head; dflash2: the "
+                        "confidence proxy) (default %(default)s)")
+    p.add_argument("--path", choices=PATH_MODES, default="auto",
+                   help="DFlash 2 path mode; sample paths are verified with their sparse q (default %(default)s: "
+                        "backtrack at temperature 0, sample above)")
+    p.add_argument("--delay", type=int, default=0,
+                   help="confidence scheduler: use confidences this many steps old (engines use 2)")
 
 
 def run_generate_spec(args, method: str) -> int:
@@ -70,9 +82,7 @@ def run_generate_spec(args, method: str) -> int:
     from ..cli import read_prompts
     from ..generate import generate
     from ..models import load_model
-    from ..models.dflash import load_dflash
-    from .loop import speculative_generate
-    from .schedulers import FixedK
+    from .methods import MethodSpec, make_decoder
 
     if method not in SPEC_METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
@@ -85,9 +95,8 @@ def run_generate_spec(args, method: str) -> int:
     tok = data.load_tokenizer(args.tokenizer)
     dtype = torch.float32 if args.device == "cpu" else None
     target = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
-    drafter = load_dflash(getattr(args, "drafter", None) or data.ASSETS_DIR / method, target)
-    k = args.k if getattr(args, "k", None) is not None else drafter.block_size - 1
-    scheduler = FixedK(k)
+    spec = MethodSpec(method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay)
+    decode = make_decoder(spec, target, drafter_dir=args.drafter)
     eos = data.special_token_ids(tok)["eot"] if args.stop_at_eos else None
     ids = []
     for i, p in enumerate(prompts):
@@ -99,12 +108,11 @@ def run_generate_spec(args, method: str) -> int:
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, eos_id=eos)
 
     # Warm both paths up once so neither pays first-call costs in the timing.
-    speculative_generate(target, drafter, ids[:1], **{**common, "max_new_tokens": min(4, args.max_new_tokens)},
-                         scheduler=scheduler)
+    decode(ids[:1], **{**common, "max_new_tokens": min(4, args.max_new_tokens)})
     generate(target, ids[:1], **{**common, "max_new_tokens": min(4, args.max_new_tokens)})
     spec_out, spec_stats = [], []
     for c in chunks:
-        out, st = speculative_generate(target, drafter, c, scheduler=scheduler, **common)
+        out, st = decode(c, **common)
         spec_out += out
         spec_stats.append(st)
     ar_out, ar_stats = generate(target, ids, top_p=1.0, batch_size=batch, **common)
@@ -117,13 +125,92 @@ def run_generate_spec(args, method: str) -> int:
     secs = sum(s["seconds"] for s in spec_stats)
     steps = sum(s["steps"] for s in spec_stats)
     tau = sum(s["tau"] * s["steps"] for s in spec_stats) / max(1, steps)
+    verified = sum(s["drafts_verified"] for s in spec_stats) / max(1, steps)
     tps = new / secs if secs > 0 else 0.0
     same = "identical to" if spec_out == ar_out else "different from"
-    print(f"\n[{method}, K={k}] {new} new tokens in {secs:.2f} s: {tps:.1f} tokens/s, tau {tau:.2f} "
-          f"tokens per target forward ({steps} request-steps)\n"
+    k = decode.drafter.block_size - 1 if args.k is None else args.k
+    how = f"K={k}" if args.scheduler == "fixed" else f"confidence scheduler, K<={k}"
+    if method == "dflash2":
+        how += f", {args.path} paths"
+    print(f"\n[{method}, {how}] {new} new tokens in {secs:.2f} s: {tps:.1f} tokens/s, tau {tau:.2f} "
+          f"tokens per target forward, {verified:.2f} drafts verified per step ({steps} request-steps)\n"
           f"[ar] {ar_stats['new_tokens']} new tokens in {ar_stats['seconds']:.2f} s: "
           f"{ar_stats['tokens_per_s']:.1f} tokens/s\n"
           f"speedup over plain decoding: {tps / max(ar_stats['tokens_per_s'], 1e-9):.2f}x; "
           f"output {same} plain decoding{' (expected at temperature 0)' if args.temperature == 0 else ''}",
           file=sys.stderr)
+    return 0
+
+
+def add_fit_proxy(sub) -> None:
+    """`python -m flashspark fit-proxy ...`"""
+    p = sub.add_parser("fit-proxy", help="fit the DFlash 2 confidence proxy on the target's verify outcomes over "
+                                         "the calibration prompts, and save it with the drafter")
+    p.add_argument("--drafter", default=None, help="DFlash 2 drafter directory (default: the shipped one)")
+    p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
+    p.add_argument("--prompts", type=int, default=64, help="calibration prompts per task (default %(default)s)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
+                   help="one proxy per temperature (default: 0 and 1)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=run_fit_proxy)
+
+
+def collect_records(decode, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                    batch_size: int, seed: int = 0) -> dict:
+    """Per request-step confidences / signals and verify outcomes of `decode` over `prompts`."""
+    from tqdm import tqdm
+
+    parts = []
+    for i in tqdm(range(0, len(prompts), batch_size), desc=f"verify outcomes T={temperature:g}", leave=False):
+        _, st = decode(prompts[i:i + batch_size], max_new_tokens, temperature, seed + i, record=True)
+        parts.append(st["records"])
+    import torch
+
+    return {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def run_fit_proxy(args) -> int:
+    """Fit one proxy per temperature with fixed K = γ - 1 (every draft verified, so every
+    outcome is seen), report ECE / AUC before (raw selector probability) and after."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from .. import data
+    from ..models import load_model
+    from .calibration import calibration_report
+    from .methods import PROXY_FILES, make_decoder
+    from .proxy import ConfidenceProxy
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    drafter_dir = Path(args.drafter) if args.drafter else data.ASSETS_DIR / "dflash2"
+    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=torch.float32)
+    decode = make_decoder("dflash2", target, drafter_dir=drafter_dir)
+    width = decode.drafter.block_size - 1
+    tok = data.load_tokenizer()
+    prompts = [p for task in data.TASKS
+               for p in data.heldout_prompts(task, args.prompts, args.prompt_tokens, tok, prompt_set="calibration")]
+    report = {"command": getattr(args, "command_line", ""), "prompts": len(prompts),
+              "max_new_tokens": args.max_new_tokens, "prompt_set": "calibration", "temperatures": {}}
+    for t in args.temperatures:
+        key = min(PROXY_FILES, key=lambda x: abs(x - t))
+        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size)
+        signals, n_acc, n_ver = rec["signals"], rec["num_accepted"], rec["num_verified"]
+        before = calibration_report(signals[..., 0], n_acc, n_ver)
+        proxy = ConfidenceProxy(width)
+        proxy.fit(signals, n_acc, n_ver)
+        after = calibration_report(proxy(signals), n_acc, n_ver)
+        proxy.save(drafter_dir / PROXY_FILES[key])
+        report["temperatures"][f"{t:g}"] = {"file": PROXY_FILES[key], "request_steps": int(n_acc.numel()),
+                                            "before": before, "after": after, "proxy": proxy.state()}
+        print(f"T={t:g}: {n_acc.numel()} request-steps; ECE of the cumulative product "
+              f"{before['ece_cumulative']:.3f} (raw selector probability) -> {after['ece_cumulative']:.3f}, "
+              f"AUC {before['auc']:.3f} -> {after['auc']:.3f}; saved {drafter_dir / PROXY_FILES[key]}",
+              file=sys.stderr)
+    (drafter_dir / "proxy_fit.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0

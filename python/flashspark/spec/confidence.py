@@ -65,6 +65,13 @@ class SPSTable:
         w = ((x - t0) / (t1 - t0)).clamp(0, 1)
         return s0 + w * (s1 - s0)
 
+    def with_overhead(self, seconds: float) -> "SPSTable":
+        """The table of whole steps that also spend `seconds` on work independent of T
+        (drafting): 1 / (1 / SPS(T) + seconds)."""
+        if seconds < 0:
+            raise ValueError("overhead must be >= 0")
+        return SPSTable(self.tokens.tolist(), (1.0 / (1.0 / self.sps + seconds)).tolist())
+
     def to_dict(self) -> dict:
         return {"tokens": [int(x) for x in self.tokens.tolist()], "sps": self.sps.tolist()}
 
@@ -119,8 +126,9 @@ class ConfidenceScheduler:
     step's `ScheduleState`; it reads per-token confidences [B, γ - 1] from
     `state.confidence` and returns int64 [B] in [0, max_spec_len].
 
-    `confidence_fn(state)` supplies them instead where the state carries none (e.g.
-    ``lambda s: dspark_drafter.last_confidence``, or a DFlash 2 confidence proxy).
+    `confidence_fn(state)` supplies them instead where the state carries none: a DFlash 2
+    confidence proxy (`ConfidenceProxy.for_scheduler()`), which also hears each step's
+    outcomes through `observe`.
 
     `delay` = 2 uses the confidences of two steps earlier, as engines do so that
     scheduling adds no latency (the first steps use the oldest confidences they have).
@@ -143,6 +151,12 @@ class ConfidenceScheduler:
         if conf is None:
             raise ValueError("ConfidenceScheduler needs per-token confidences (ScheduleState.confidence)")
         return self.schedule(conf, state.active)
+
+    def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
+        """The loop reports each step's outcomes; a confidence source that learns online hears them."""
+        observe = getattr(self.confidence_fn, "observe", None)
+        if observe is not None:
+            observe(block, num_accepted, num_verified)
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         self._history.append(confidence.detach())

@@ -13,27 +13,75 @@ distribution (tests/test_spec_loop.py).
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
 from .. import ops
 from ..generate import check_prompts
 from ..models.dflash import DFlashDrafter
+from ..models.dflash2 import DFlash2Drafter
+from ..models.dspark import DSparkDrafter
 from ..models.qwen3 import Qwen3ForCausalLM
 from .sampling import PURPOSE_DRAFT, PURPOSE_RESAMPLE, sample_logits
 from .schedulers import FixedK, ScheduleState
+
+PATH_MODES = ("auto", "backtrack", "greedy", "sample")  # auto: backtrack at temperature 0, else sample
+
+
+class DraftBlock(NamedTuple):
+    """One drafted block, whatever the drafter. Draft k (1..γ-1) sits at column k - 1."""
+    tokens: torch.Tensor                   # [B, γ-1] int64
+    probs: torch.Tensor | None = None      # q for verify: dense [B, γ-1, V], sparse [B, γ-1, K], or None (one-hot)
+    prob_ids: torch.Tensor | None = None   # [B, γ-1, K] vocabulary ids of sparse q
+    logits: torch.Tensor | None = None     # [B, γ-1, V] DFlash draft logits
+    confidence: torch.Tensor | None = None  # [B, γ-1] DSpark's calibrated per-token survival
+    signals: torch.Tensor | None = None    # [B, γ-1, 4] DFlash 2 path-selector signals (spec.proxy.SIGNALS)
+
+
+def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, seeds, offsets,
+                path: str = "auto") -> DraftBlock:
+    """Draft γ-1 tokens per request after `anchor`, drawing at Philox positions offsets + 0 .. γ-2.
+
+    DFlash: one parallel pass, each position sampled from its own logits (q dense).
+    DFlash 2: Top-K lattice + path selector; `sample` paths carry sparse q over the K
+    candidates, deterministic paths (`backtrack`, `greedy`, and every path at temperature 0)
+    are verified as one-hot drafts; `auto` = backtrack at temperature 0, else sample. DSpark: the Markov head's serial chain (q dense) and
+    its confidences.
+    """
+    sampling = bool((temperature > 0).any())
+    if isinstance(drafter, DSparkDrafter):
+        tokens, q, conf = drafter.propose(cache, anchor, ctx_lens, temperature, seeds, offsets)
+        return DraftBlock(tokens, q if sampling else None, confidence=conf)
+    if isinstance(drafter, DFlash2Drafter):
+        if path not in PATH_MODES:
+            raise ValueError(f"path must be one of {PATH_MODES}, got {path!r}")
+        mode = ("sample" if sampling else "backtrack") if path == "auto" else path
+        mode = mode if (mode != "sample" or sampling) else "greedy"
+        tokens, cand_ids, q, signals = drafter.propose(cache, anchor, ctx_lens, mode=mode, temperature=temperature,
+                                                       seeds=seeds, offsets=offsets)
+        return DraftBlock(tokens, q, cand_ids if q is not None else None, signals=signals.features())
+    logits = drafter.draft_logits(cache, anchor, ctx_lens)
+    g = drafter.block_size
+    tokens, q = sample_logits(logits, temperature, seeds, offsets[:, None] + torch.arange(g - 1, device=anchor.device),
+                              PURPOSE_DRAFT, want_probs=True)
+    return DraftBlock(tokens, q, logits=logits)
 
 
 @torch.no_grad()
 def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, prompts: list[list[int]],
                          max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
-                         eos_id: int | None = None, scheduler=None) -> tuple[list[list[int]], dict]:
+                         eos_id: int | None = None, scheduler=None, path: str = "auto",
+                         record: bool = False) -> tuple[list[list[int]], dict]:
     """Decode all prompts as one batch; returns (new tokens per prompt, stats).
 
     A request stops after `eos_id` (included) or `max_new_tokens` tokens.
     `scheduler` (default: FixedK(gamma - 1)) says how many drafts each request
-    verifies per step. Request b draws from the Philox stream of seed
-    `(seed << 32) + b`.
+    verifies per step; a scheduler with an `observe(block, num_accepted,
+    num_verified)` method hears every step's outcomes. `path` is the DFlash 2
+    path mode. Request b draws from the Philox stream of seed `(seed << 32) + b`.
+    `record` adds stats["records"]: per request-step confidences / signals and
+    outcomes (for calibration reports).
     """
     device = target.model.embed_tokens.weight.device
     g, B = drafter.block_size, len(prompts)
@@ -44,7 +92,8 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     check_prompts(prompts, max_new_tokens, target.config.max_position_embeddings, target.config.vocab_size)
     clock = _Clock(device)
     if max_new_tokens == 0:
-        return [[] for _ in prompts], _stats(clock, [], torch.zeros(B), torch.zeros(B), torch.zeros(K), torch.zeros(K), 0)
+        return [[] for _ in prompts], _stats(clock, [], torch.zeros(B), torch.zeros(B), torch.zeros(B),
+                                             torch.zeros(K), torch.zeros(K), 0)
     layers = drafter.config.target_layer_ids
     temp = torch.full((B,), float(temperature), device=device)
     seeds = (seed << 32) + torch.arange(B, device=device)
@@ -74,33 +123,38 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     if eos_id is not None:
         active &= anchor != eos_id
     offsets = torch.ones(B, dtype=torch.int64, device=device)  # Philox position 0 drew the first token
-    steps, accepted = torch.zeros(B, dtype=torch.int64), torch.zeros(B, dtype=torch.int64)
+    steps, accepted, verified = (torch.zeros(B, dtype=torch.int64) for _ in range(3))
+    records = []
     pos_accepted, pos_tried = torch.zeros(K, dtype=torch.int64), torch.zeros(K, dtype=torch.int64)
     slots = torch.arange(B, device=device).repeat_interleave(K + 1)
     clock.tick("prefill")
 
     while bool(active.any()):
         # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1.
-        draft_logits = drafter.draft_logits(dcache, anchor, lens)
-        drafts, q = sample_logits(draft_logits, temp, seeds, offsets[:, None] + ar[:g - 1], PURPOSE_DRAFT,
-                                  want_probs=True)
+        block = draft_block(drafter, dcache, anchor, lens, temp, seeds, offsets, path)
+        drafts = block.tokens
         clock.tick("draft")
         # 3. How many drafts each request verifies (0 for finished requests).
-        k_b = scheduler(ScheduleState(active, lens, drafts, draft_logits))
+        k_b = scheduler(ScheduleState(active, lens, drafts, block.logits, block.confidence, block.signals))
         clock.tick("schedule")
         # 4. One ragged target forward over [anchor, d_1 .. d_k_b]; finished requests write nothing.
         fwd = target(torch.cat((anchor[:, None], drafts[:, :K]), 1), tcache, lens, (k_b + 1) * active,
                      hidden_layers=layers)
         clock.tick("target")
         # 5. Rejection-sampling verify of the k_b + 1 logits rows per request.
-        rows, flat_drafts, cu, flat_q = ragged_rows(fwd.logits, drafts[:, :K], None if q is None else q[:, :K], k_b)
+        rows, flat_drafts, cu, flat_q, flat_ids = ragged_rows(fwd.logits, drafts[:, :K], k_b, block.probs,
+                                                              block.prob_ids)
         vtokens, n_acc = ops.verify(rows, flat_drafts, cu, temperature=temp, seeds=seeds, offsets=offsets,
-                                    max_spec_len=K, draft_probs=flat_q)
+                                    max_spec_len=K, draft_probs=flat_q, draft_probs_ids=flat_ids)
         offsets += g  # the drafter drew g - 1 positions and verify up to K + 1 <= g: never reuse a draw
         clock.tick("verify")
         # 6. Commit accepted drafts + the correction/bonus token; stop at EOS / max_new_tokens.
         live = active.clone()  # the requests verified this step
         vtokens, n_acc = vtokens.long(), n_acc.long()
+        if hasattr(scheduler, "observe"):
+            scheduler.observe(block, n_acc, k_b)
+        if record:
+            records.append(_record(block, n_acc, k_b, live))
         n_emit = n_acc + 1
         out_buf.scatter_(1, n_out[:, None] + ar[:K + 1], vtokens)  # columns past n_out + n_emit: overwritten later
         if eos_id is not None:
@@ -117,28 +171,45 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
         anchor = torch.where(live, vtokens.gather(1, n_acc[:, None])[:, 0], anchor)
         steps += live.cpu()
         accepted += (n_acc * live).cpu()
+        verified += (k_b * live).cpu()
         pos_accepted += ((ar[1:K + 1] <= n_acc[:, None]) & live[:, None]).sum(0).cpu()
         pos_tried += ((ar[1:K + 1] <= k_b[:, None]) & live[:, None]).sum(0).cpu()
         clock.tick("commit")
 
     n_final = n_out.clamp(max=max_new_tokens).tolist()
     outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_final)]
-    return outputs, _stats(clock, outputs, steps, accepted, pos_accepted, pos_tried, B)
+    stats = _stats(clock, outputs, steps, accepted, verified, pos_accepted, pos_tried, B)
+    if record:
+        stats["records"] = {k: torch.cat([r[k] for r in records]) if records and records[0][k] is not None else None
+                            for k in ("confidence", "signals", "num_accepted", "num_verified")}
+    return outputs, stats
 
 
-def ragged_rows(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None, k_b: torch.Tensor):
+def ragged_rows(logits: torch.Tensor, drafts: torch.Tensor, k_b: torch.Tensor, q: torch.Tensor | None = None,
+                q_ids: torch.Tensor | None = None):
     """Flatten per-request verify inputs: request b keeps logits rows 0..k_b[b]
-    (k_b drafts + bonus), drafts and q rows 0..k_b[b]-1. Returns
-    (logits rows [T + B, V], drafts [T], cu_num_draft [B + 1], q [T, V] or None)."""
+    (k_b drafts + bonus), drafts, q and q_ids rows 0..k_b[b]-1 (of the first K =
+    logits.shape[1] - 1 draft columns). Returns (logits rows [T + B, V], drafts [T],
+    cu_num_draft [B + 1], q [T, V or K] or None, q_ids [T, K] or None)."""
     B, S = logits.shape[:2]
     cu = torch.zeros(B + 1, dtype=torch.int64, device=logits.device)
     torch.cumsum(k_b, 0, out=cu[1:])
+    q = None if q is None else q[:, :S - 1]
+    q_ids = None if q_ids is None else q_ids[:, :S - 1]
     if bool((k_b == S - 1).all()):  # the common case: no gather
-        return (logits.flatten(0, 1), drafts.flatten(), cu,
-                None if q is None else q.flatten(0, 1).contiguous())
+        flat = (None if x is None else x.flatten(0, 1).contiguous() for x in (q, q_ids))
+        return (logits.flatten(0, 1), drafts.flatten(), cu, *flat)
     ar = torch.arange(S, device=logits.device)
     keep = ar[:S - 1] < k_b[:, None]
-    return (logits[ar <= k_b[:, None]], drafts[keep], cu, None if q is None else q[keep])
+    return (logits[ar <= k_b[:, None]], drafts[keep], cu, *(None if x is None else x[keep] for x in (q, q_ids)))
+
+
+def _record(block: DraftBlock, n_acc, k_b, live) -> dict:
+    """The live requests' confidences / signals and outcomes of one step, on the CPU."""
+    rows = live.nonzero()[:, 0]
+    pick = lambda x: None if x is None else x[rows].float().cpu()  # noqa: E731
+    return {"confidence": pick(block.confidence), "signals": pick(block.signals),
+            "num_accepted": n_acc[rows].cpu(), "num_verified": k_b[rows].cpu()}
 
 
 class _Clock:
@@ -160,7 +231,7 @@ class _Clock:
         self.last = now
 
 
-def _stats(clock: _Clock, outputs, steps, accepted, pos_accepted, pos_tried, batch) -> dict:
+def _stats(clock: _Clock, outputs, steps, accepted, verified, pos_accepted, pos_tried, batch) -> dict:
     seconds = clock.last - clock.start
     new_tokens = sum(len(o) for o in outputs)
     total_steps = int(steps.sum())
@@ -170,6 +241,9 @@ def _stats(clock: _Clock, outputs, steps, accepted, pos_accepted, pos_tried, bat
         # tau: tokens a request gains per target forward (accepted drafts + 1), over all request-steps.
         "tau": (int(accepted.sum()) + total_steps) / max(1, total_steps),
         "tau_per_request": ((accepted + steps) / steps.clamp(min=1)).tolist(),
+        # Drafts sent to the target per request-step, and those of them rejected (verify work wasted).
+        "verified_per_step": int(verified.sum()) / max(1, total_steps),
+        "drafts_verified": int(verified.sum()), "drafts_wasted": int(verified.sum() - accepted.sum()),
         # Fraction of request-steps whose draft k (k = 1..K) was accepted, among those that verified it.
         "acceptance_per_position": (pos_accepted / pos_tried.clamp(min=1)).tolist(),
         "seconds": seconds, "prefill_seconds": clock.seconds.get("prefill", 0.0), "decode_seconds": decode,

@@ -83,6 +83,7 @@ class ConfidenceProxy:
         b = self.bias.clone().requires_grad_(True)
         opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn="strong_wolfe")
 
+        @torch.enable_grad()
         def closure():
             opt.zero_grad()
             loss = self._loss(feats, pos, label, mask, w, b)
@@ -105,16 +106,22 @@ class ConfidenceProxy:
             self._refit()
 
     def _refit(self) -> None:
-        """A fixed number of gradient steps on the ring buffer, warm-started."""
+        """A fixed number of gradient steps on the ring buffer, warm-started (also
+        when called from inside the loop's no_grad)."""
         w = self.weight.clone().requires_grad_(True)
         b = self.bias.clone().requires_grad_(True)
         for _ in range(self.refit_steps):
-            loss = self._loss(self._feats, self._pos, self._label, self._mask, w, b)
-            gw, gb = torch.autograd.grad(loss, (w, b))
+            with torch.enable_grad():
+                loss = self._loss(self._feats, self._pos, self._label, self._mask, w, b)
+                gw, gb = torch.autograd.grad(loss, (w, b))
             with torch.no_grad():
                 w -= self.lr * gw
                 b -= self.lr * gb
         self.weight, self.bias = w.detach(), b.detach()
+
+    def for_scheduler(self, online: bool = True) -> "ProxyConfidence":
+        """This proxy as a `ConfidenceScheduler` confidence source (`confidence_fn`)."""
+        return ProxyConfidence(self, online)
 
     # ------------------------------------------------------------ persistence
     def state(self) -> dict:
@@ -136,3 +143,20 @@ class ConfidenceProxy:
         proxy.weight = torch.tensor(d["weight"], device=device)
         proxy.bias = torch.tensor(d["bias"], device=device)
         return proxy
+
+
+class ProxyConfidence:
+    """`ConfidenceScheduler(confidence_fn=...)` glue: confidences from the step's DFlash 2
+    signals, and (when `online`) the proxy updated from every step's verify outcomes."""
+
+    def __init__(self, proxy: ConfidenceProxy, online: bool = True):
+        self.proxy, self.online = proxy, online
+
+    def __call__(self, state) -> torch.Tensor:
+        if state.signals is None:
+            raise ValueError("the confidence proxy needs a DFlash 2 drafter's path signals")
+        return self.proxy(state.signals)
+
+    def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
+        if self.online:
+            self.proxy.observe(block.signals, num_accepted, num_verified)

@@ -1,0 +1,162 @@
+"""Speculative methods by name: which drafter, which scheduler, which path.
+
+One place for what the CLI and the benchmarks both need:
+
+    dflash                          DFlash, fixed K = γ - 1
+    dflash:k=3                      DFlash, fixed K = 3
+    dflash2:path=sample             DFlash 2, sampled paths (sparse q)
+    dflash2:sched=confidence        DFlash 2 + confidence proxy + DSpark's scheduler
+    dspark:sched=confidence,delay=2 DSpark with its own head, confidences two steps old
+
+`make_decoder(spec, target)` returns decode(prompts, max_new_tokens,
+temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
+table of the running machine (`profile_sps`, cached on disk), with the
+drafter's own per-step time added so that Θ = τ · SPS(T) prices whole steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import data
+from .confidence import ConfidenceScheduler, SPSTable, profile_sps
+from .loop import PATH_MODES, draft_block, speculative_generate
+from .proxy import ConfidenceProxy
+from .schedulers import FixedK
+
+DRAFTERS = ("dflash", "dflash2", "dspark")
+SCHEDULERS = ("fixed", "confidence")
+PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    drafter: str
+    k: int | None = None            # fixed K (default γ - 1), or the confidence scheduler's bound
+    scheduler: str = "fixed"
+    path: str = "auto"              # DFlash 2 path mode (auto: backtrack at T = 0, sample at T > 0)
+    delay: int = 0                  # confidence scheduler: use confidences this many steps old
+    online: bool = True             # confidence proxy: update from each step's outcomes
+
+    def __post_init__(self):
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter {self.drafter!r}; expected one of {DRAFTERS}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {self.scheduler!r}; expected one of {SCHEDULERS}")
+        if self.path not in PATH_MODES:
+            raise ValueError(f"unknown path mode {self.path!r}; expected one of {PATH_MODES}")
+        if self.scheduler == "confidence" and self.drafter == "dflash":
+            raise ValueError("the confidence scheduler needs confidences: use dspark, or dflash2 with its proxy")
+        if (self.k is not None and self.k < 0) or self.delay < 0:
+            raise ValueError("k and delay must be >= 0")
+
+
+def parse_method(text: str) -> MethodSpec:
+    """`name[:key=value,...]` with keys k, sched, path, delay, online (0/1)."""
+    name, _, opts = text.partition(":")
+    kw: dict = {}
+    for opt in filter(None, opts.split(",")):
+        key, _, val = opt.partition("=")
+        if key == "k" and val.isdigit():
+            kw["k"] = int(val)
+        elif key == "delay" and val.isdigit():
+            kw["delay"] = int(val)
+        elif key == "sched" and val:
+            kw["scheduler"] = val
+        elif key == "path" and val:
+            kw["path"] = val
+        elif key == "online" and val in ("0", "1"):
+            kw["online"] = val == "1"
+        else:
+            raise ValueError(f"method option {opt!r} of {text!r} not understood "
+                             "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1)")
+    return MethodSpec(name, **kw)
+
+
+def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
+    """The drafter of a method: `path` or the shipped one."""
+    from ..models.dflash import load_dflash
+    from ..models.dflash2 import load_dflash2
+    from ..models.dspark import load_dspark
+
+    loader = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}[name]
+    path = Path(path) if path else data.ASSETS_DIR / name
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"no {name} drafter at {path}: train one with `python -m flashspark train {name}`")
+    return loader(path, target, use_ops=use_ops)
+
+
+def load_proxy(drafter_dir: str | Path, temperature: float, device=None) -> ConfidenceProxy:
+    """The confidence proxy saved with a DFlash 2 drafter, fitted at the temperature nearest `temperature`."""
+    key = min(PROXY_FILES, key=lambda t: abs(t - temperature))
+    return ConfidenceProxy.load(Path(drafter_dir) / PROXY_FILES[key], device=device)
+
+
+@torch.no_grad()
+def draft_seconds(drafter, batch_size: int, context_len: int = 256, path: str = "auto", repeats: int = 5) -> float:
+    """Median wall seconds of one `draft_block` for `batch_size` requests at `context_len`."""
+    device = next(drafter.parameters()).device
+    cache = drafter.new_cache(batch_size, context_len + drafter.block_size)
+    lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
+    anchor = torch.full((batch_size,), 2, dtype=torch.int64, device=device)
+    z = torch.zeros(batch_size, device=device)
+    times = []
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        draft_block(drafter, cache, anchor, lens, z, z.long(), z.long(), path)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+_SPS: dict = {}
+
+
+def step_sps(target, drafter, batch_size: int, path: str = "auto") -> SPSTable:
+    """Whole-step rate SPS(T) = 1 / (target verify forward of T tokens + one drafting pass),
+    profiled once per process and batch size (the forward's table is also cached on disk)."""
+    key = (id(target), id(drafter), batch_size, path)
+    if key not in _SPS:
+        forward = profile_sps(target, batch_size, hidden_layers=drafter.config.target_layer_ids)
+        _SPS[key] = forward.with_overhead(draft_seconds(drafter, batch_size, path=path))
+    return _SPS[key]
+
+
+def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None):
+    """decode(prompts, max_new_tokens, temperature, seed, eos_id=None, record=False) -> (outputs, stats)
+    for a method. `decode.prepare(batch_size, temperature)` does the one-off work of a confidence
+    scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it."""
+    spec = parse_method(spec) if isinstance(spec, str) else spec
+    drafter = drafter or load_method_drafter(spec.drafter, target, drafter_dir)
+    k_max = drafter.block_size - 1 if spec.k is None else spec.k
+    proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
+
+    def scheduler_for(batch_size: int, temperature: float):
+        if spec.scheduler == "fixed":
+            return FixedK(k_max)
+        source = None
+        if spec.drafter == "dflash2":
+            if temperature not in proxies:
+                proxies[temperature] = load_proxy(drafter_dir or data.ASSETS_DIR / "dflash2", temperature,
+                                                  device=next(drafter.parameters()).device)
+            source = proxies[temperature].for_scheduler(online=spec.online)
+        return ConfidenceScheduler(k_max, step_sps(target, drafter, batch_size, spec.path), delay=spec.delay,
+                                   confidence_fn=source)
+
+    def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
+        return speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    seed=seed, eos_id=eos_id, scheduler=scheduler_for(len(prompts), temperature),
+                                    path=spec.path, record=record)
+
+    decode.spec, decode.drafter = spec, drafter
+    decode.prepare = scheduler_for  # (batch_size, temperature): profile / load ahead of any timing
+    return decode

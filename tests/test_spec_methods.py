@@ -1,0 +1,291 @@
+"""DFlash 2 and DSpark drafters in the speculative loop are lossless.
+
+Greedy: every DFlash 2 path mode and DSpark, with fixed K, a ragged scheduler
+and the confidence scheduler (DSpark head or DFlash 2 proxy), equals plain
+greedy decoding token for token. Sampled: DFlash 2 `sample` paths (sparse q
+over the Top-K candidates), DFlash 2 `backtrack` paths (one-hot drafts) and
+DSpark's Markov chain (dense q) follow the target's distribution, and planted
+bugs in the q handed to verify are caught."""
+
+import pytest
+import torch
+
+from flashspark.generate import generate
+from flashspark.models.dflash2 import DFlash2Config, DFlash2Drafter
+from flashspark.models.dspark import DSparkConfig, DSparkDrafter
+from flashspark.spec import FixedK, loop, speculative_generate
+from flashspark.spec.confidence import ConfidenceScheduler, SPSTable
+from flashspark.spec.proxy import ConfidenceProxy
+
+from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _perturb(d, seed, scale, special):
+    """Non-trivial weights everywhere: norms near 1, `special(name)` -> std for head tensors."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            std = special(name)
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5, generator=g)
+            elif std is not None:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.mul_(scale)
+    return d.eval()
+
+
+def tiny_dflash2(target, block_size=5, topk=6, seed=1, scale=5.0) -> DFlash2Drafter:
+    cfg = DFlash2Config.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
+                                   num_features=2, selector_rank=8, selector_topk=topk)
+    d = DFlash2Drafter(cfg, target)
+    d.init_weights(seed)
+    return _perturb(d, seed, scale, lambda n: 0.3 if ".conv." in n else 1.0 if n.startswith("selector.") else None)
+
+
+def tiny_dspark(target, block_size=5, seed=1, scale=5.0) -> DSparkDrafter:
+    cfg = DSparkConfig.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
+                                  num_features=2, markov_rank=8)
+    d = DSparkDrafter(cfg, target)
+    d.init_weights(seed)
+    d = _perturb(d, seed, scale, lambda n: 2.0 if n.startswith("markov_") else 0.3 if n.startswith("conf_") else None)
+    with torch.no_grad():
+        d.conf_head.bias.fill_(1.5)  # confidences around 0.7-0.9: the confidence scheduler's K varies
+    return d
+
+
+class RaggedK:
+    """Request b verifies (b + step) % (K + 1) drafts."""
+
+    def __init__(self, k):
+        self.max_spec_len, self.step = k, 0
+
+    def __call__(self, state):
+        self.step += 1
+        return (torch.arange(len(state.active)) + self.step) % (self.max_spec_len + 1) * state.active
+
+
+def linear_sps(n=40, cost=0.1):
+    tokens = list(range(1, n))
+    return SPSTable(tokens, [1.0 / (1 + cost * t) for t in tokens])
+
+
+# ----------------------------------------------------------------- greedy
+@pytest.mark.parametrize("path", ["auto", "backtrack", "greedy", "sample"])
+@pytest.mark.parametrize("scheduler", ["fixed", "ragged"])
+def test_dflash2_greedy_equals_plain(path, scheduler):
+    target = tiny_target(seed=4)
+    d = tiny_dflash2(target)
+    prompts = prompts_of([3, 10, 1, 6], 48, seed=4)
+    want, _ = generate(target, prompts, max_new_tokens=28)
+    sched = FixedK(4) if scheduler == "fixed" else RaggedK(3)
+    got, st = speculative_generate(target, d, prompts, max_new_tokens=28, path=path, scheduler=sched)
+    assert got == want
+    assert st["new_tokens"] == 4 * 28 and st["drafts_verified"] >= st["drafts_wasted"] >= 0
+
+
+def test_dflash2_backtrack_drafts_are_the_selectors_best_path():
+    """The loop really drafts with the selector: backtrack and greedy paths differ somewhere."""
+    target = tiny_target(seed=4)
+    d = tiny_dflash2(target)
+    prompts = prompts_of([3, 10, 1, 6], 48, seed=4)
+    blocks = {}
+    for path in ("backtrack", "greedy"):
+        cache = d.new_cache(4, 20)
+        hidden = target(torch.tensor([p + [0] * (10 - len(p)) for p in prompts]),
+                        hidden_layers=d.config.target_layer_ids).hidden
+        lens = torch.tensor([len(p) for p in prompts])
+        rows = [(b, t) for b in range(4) for t in range(int(lens[b]))]
+        bs, ts = torch.tensor(rows).T
+        d.inject(cache, hidden[bs, ts], ts, bs)
+        z = torch.zeros(4)
+        blk = loop.draft_block(d, cache, torch.tensor([5, 6, 7, 8]), lens, z, z.long(), z.long(), path)
+        assert blk.probs is None and blk.signals.shape == (4, 4, 4)
+        blocks[path] = blk.tokens
+    assert not torch.equal(blocks["backtrack"], blocks["greedy"])
+
+
+def test_dspark_greedy_equals_plain_fixed_and_ragged():
+    target = tiny_target(seed=5)
+    d = tiny_dspark(target)
+    prompts = prompts_of([4, 9, 2], 48, seed=5)
+    want, _ = generate(target, prompts, max_new_tokens=26)
+    for sched in (FixedK(4), RaggedK(4)):
+        got, _ = speculative_generate(target, d, prompts, max_new_tokens=26, scheduler=sched)
+        assert got == want
+
+
+def test_dflash2_proxy_scheduler_greedy_and_online_updates():
+    """DFlash 2 + confidence proxy + the unchanged DSpark scheduler: exact, K varies, and the
+    proxy learns online from the loop's outcomes (its weights move)."""
+    target = tiny_target(seed=4)
+    d = tiny_dflash2(target)
+    prompts = prompts_of([3, 10, 1, 6, 8], 48, seed=6)
+    want, _ = generate(target, prompts, max_new_tokens=30)
+    proxy = ConfidenceProxy(4, refit_every=2)
+    with torch.no_grad():
+        proxy.bias.fill_(1.0)
+    before = proxy.weight.clone()
+    sched = ConfidenceScheduler(4, linear_sps(), confidence_fn=proxy.for_scheduler())
+    ks = []
+    real = sched.__call__
+
+    class Recording:
+        max_spec_len = 4
+
+        def __call__(self, state):
+            k = real(state)
+            ks.append(k[state.active])
+            return k
+
+        def observe(self, *a):
+            sched.observe(*a)
+
+    got, st = speculative_generate(target, d, prompts, max_new_tokens=30, scheduler=Recording(), record=True)
+    assert got == want
+    k = torch.cat(ks)
+    assert len(set(k.tolist())) >= 2
+    assert not torch.equal(proxy.weight, before)
+    rec = st["records"]
+    assert rec["signals"].shape == (st["steps"], 4, 4) and rec["confidence"] is None
+    assert int(rec["num_verified"].sum()) == st["drafts_verified"]
+
+
+def test_record_collects_dspark_confidences():
+    target = tiny_target(seed=5)
+    d = tiny_dspark(target)
+    _, st = speculative_generate(target, d, prompts_of([4, 9], 48, seed=7), max_new_tokens=12, record=True)
+    rec = st["records"]
+    assert rec["confidence"].shape == (st["steps"], 4) and rec["signals"] is None
+    assert bool(((rec["confidence"] > 0) & (rec["confidence"] < 1)).all())
+    assert bool((rec["num_accepted"] <= rec["num_verified"]).all())
+
+
+def test_bad_path_mode():
+    target = tiny_target(seed=4)
+    with pytest.raises(ValueError, match="path must be one of"):
+        speculative_generate(target, tiny_dflash2(target), [[3, 4]], max_new_tokens=4, path="beam")
+
+
+def test_proxy_scheduler_needs_signals():
+    target = tiny_target(seed=5)
+    sched = ConfidenceScheduler(4, linear_sps(), confidence_fn=ConfidenceProxy(4).for_scheduler())
+    with pytest.raises(ValueError, match="path signals"):
+        speculative_generate(target, tiny_dspark(target), [[3, 4]], max_new_tokens=4, scheduler=sched)
+
+
+# ----------------------------------------------------------------- sampled
+V, PROMPT, N, SAMPLES = 8, [3, 5, 2], 3, 12000
+
+
+def small_target():
+    return tiny_target(vocab=V, layers=1, seed=5, scale=3.0)
+
+
+def marginal_tv_ok(counts, p, bound=0.03):
+    emp, exact = (counts / counts.sum()).view(V, V, V), p.double().view(V, V, V)
+    return all(0.5 * float((emp.sum(d) - exact.sum(d)).abs().sum()) < bound for d in ((1, 2), (0, 2), (0, 1)))
+
+
+@pytest.mark.parametrize("path,temperature", [("sample", 1.0), ("sample", 0.6), ("backtrack", 1.0)])
+def test_dflash2_sampled_distribution_matches_target(path, temperature):
+    target = small_target()
+    d = tiny_dflash2(target, block_size=4, topk=4, seed=6, scale=8.0)
+    p = exact_joint(target, PROMPT, N, temperature)
+    counts = spec_joint(target, d, PROMPT, N, temperature, samples=SAMPLES, path=path)
+    assert chi_square_ok(counts, p) and marginal_tv_ok(counts, p)
+
+
+def test_dspark_sampled_distribution_matches_target():
+    target = small_target()
+    d = tiny_dspark(target, block_size=4, seed=6, scale=8.0)
+    p = exact_joint(target, PROMPT, N, 0.8)
+    counts = spec_joint(target, d, PROMPT, N, 0.8, samples=SAMPLES)
+    assert chi_square_ok(counts, p) and marginal_tv_ok(counts, p)
+
+
+def _planted(monkeypatch, corrupt):
+    real = loop.draft_block
+
+    def buggy(*a, **kw):
+        blk = real(*a, **kw)
+        return blk._replace(probs=corrupt(blk))
+
+    monkeypatch.setattr(loop, "draft_block", buggy)
+
+
+def test_dflash2_planted_bug_sparse_q_caught(monkeypatch):
+    """q over the K candidates handed to verify in the wrong order (ids no longer match)."""
+    target = small_target()
+    d = tiny_dflash2(target, block_size=4, topk=4, seed=6, scale=8.0)
+    _planted(monkeypatch, lambda blk: blk.probs.flip(-1))
+    p = exact_joint(target, PROMPT, N, 1.0)
+    assert not chi_square_ok(spec_joint(target, d, PROMPT, N, 1.0, samples=SAMPLES, path="sample"), p)
+
+
+def test_dspark_planted_bug_dense_q_caught(monkeypatch):
+    """Verify told the first Markov step's q for every position (ignores the chain)."""
+    target = small_target()
+    d = tiny_dspark(target, block_size=4, seed=6, scale=8.0)
+    _planted(monkeypatch, lambda blk: blk.probs[:, :1].expand_as(blk.probs).contiguous())
+    p = exact_joint(target, PROMPT, N, 0.8)
+    assert not chi_square_ok(spec_joint(target, d, PROMPT, N, 0.8, samples=SAMPLES), p)
+
+
+# ----------------------------------------------------------------- methods and CLI
+def test_parse_method_and_bad_specs():
+    from flashspark.spec.methods import MethodSpec, parse_method
+
+    assert parse_method("dflash") == MethodSpec("dflash")
+    assert parse_method("dflash:k=3") == MethodSpec("dflash", k=3)
+    assert parse_method("dflash2:sched=confidence,path=sample,delay=2,online=0") == MethodSpec(
+        "dflash2", scheduler="confidence", path="sample", delay=2, online=False)
+    for bad, msg in (("medusa", "unknown drafter"), ("dflash:k=x", "not understood"), ("dflash:beam=4", "not understood"),
+                     ("dflash:sched=confidence", "needs confidences"), ("dspark:sched=oracle", "unknown scheduler"),
+                     ("dflash2:path=beam", "unknown path")):
+        with pytest.raises(ValueError, match=msg):
+            parse_method(bad)
+
+
+def test_sps_with_overhead():
+    t = SPSTable([1, 2, 4], [100.0, 50.0, 25.0])
+    w = t.with_overhead(0.01)
+    torch.testing.assert_close(w(torch.tensor([1, 2, 4])), 1 / (1 / torch.tensor([100.0, 50.0, 25.0]).double() + 0.01))
+    with pytest.raises(ValueError):
+        t.with_overhead(-1)
+
+
+def test_cli_fit_proxy_and_generate_every_method(tmp_path, monkeypatch, capsys):
+    """Untrained drafters for the shipped target: `fit-proxy` writes the proxies, and
+    `generate` runs dflash2 / dspark with both schedulers, equal to plain decoding at T = 0."""
+    from flashspark import cli, data
+    from flashspark.models import load_model
+    from flashspark.models.dflash2 import save_dflash2
+    from flashspark.models.dspark import save_dspark
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the SPS profile cache
+    target = load_model(data.ASSETS_DIR / "target", dtype=torch.float32)
+    d2 = DFlash2Drafter(DFlash2Config.for_target(target.config, num_hidden_layers=1, block_size=4), target)
+    d2.init_weights(0)
+    save_dflash2(d2, tmp_path / "dflash2")
+    ds = DSparkDrafter(DSparkConfig.for_target(target.config, num_hidden_layers=1, block_size=4), target)
+    ds.init_weights(0)
+    save_dspark(ds, tmp_path / "dspark")
+    assert cli.main(["fit-proxy", "--drafter", str(tmp_path / "dflash2"), "--prompts", "2", "--max-new-tokens", "6",
+                     "--threads", "1"]) == 0
+    assert {"proxy_t0.json", "proxy_t1.json", "proxy_fit.json"} <= {p.name for p in (tmp_path / "dflash2").iterdir()}
+    for method, extra in (("dflash2", ["--scheduler", "confidence"]), ("dflash2", ["--path", "greedy"]),
+                          ("dspark", ["--scheduler", "confidence", "--delay", "2"]), ("dspark", [])):
+        capsys.readouterr()
+        assert cli.main(["generate", "--method", method, "--drafter", str(tmp_path / method), "--prompt",
+                         "def f(x):", "--max-new-tokens", "10", "--threads", "1", *extra]) == 0
+        err = capsys.readouterr().err
+        assert "identical to plain decoding" in err and "drafts verified per step" in err, err
+    # A drafter directory of the wrong kind, and a missing proxy, fail with one clear line.
+    assert cli.main(["generate", "--method", "dspark", "--drafter", str(tmp_path / "dflash2"), "--prompt", "x"]) == 2
+    (tmp_path / "dflash2" / "proxy_t0.json").unlink()
+    assert cli.main(["generate", "--method", "dflash2", "--scheduler", "confidence", "--drafter",
+                     str(tmp_path / "dflash2"), "--prompt", "x", "--max-new-tokens", "4"]) == 2
+    assert "proxy" in capsys.readouterr().err
