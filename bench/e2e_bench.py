@@ -110,6 +110,7 @@ def run(args, target=None, methods=None) -> dict:
                    "drafts_verified": st.get("drafts_verified", 0), "drafts_wasted": st.get("drafts_wasted", 0),
                    "wasted_fraction": st.get("drafts_wasted", 0) / max(1, st.get("drafts_verified", 0)),
                    "acceptance_per_position": st.get("acceptance_per_position"),
+                   "recall_top1": st.get("recall_top1"), "recall_topk": st.get("recall_topk"),
                    "phase_seconds": st.get("phase_seconds")}
             rows.append(row)
             print(f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
@@ -142,6 +143,10 @@ def _merge(stats: list[dict]) -> dict:
     merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
               "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
               "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0}
+    if "recall_positions" in stats[0]:
+        n = sum(s["recall_positions"] for s in stats)
+        for key in ("recall_top1", "recall_topk"):
+            merged[key] = sum(s[key] * s["recall_positions"] for s in stats) / max(1, n)
     if "drafts_verified" in stats[0]:
         for key in ("drafts_verified", "drafts_wasted"):
             merged[key] = sum(s[key] for s in stats)

@@ -17,7 +17,7 @@ from flashspark.spec import FixedK, loop, speculative_generate
 from flashspark.spec.confidence import ConfidenceScheduler, SPSTable
 from flashspark.spec.proxy import ConfidenceProxy
 
-from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_target
+from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -289,3 +289,16 @@ def test_cli_fit_proxy_and_generate_every_method(tmp_path, monkeypatch, capsys):
     assert cli.main(["generate", "--method", "dflash2", "--scheduler", "confidence", "--drafter",
                      str(tmp_path / "dflash2"), "--prompt", "x", "--max-new-tokens", "4"]) == 2
     assert "proxy" in capsys.readouterr().err
+
+
+def test_dflash2_recall_stats():
+    """Top-K recall is 1 when the candidate list is the whole vocabulary, below 1 for a short
+    list, and never below top-1 recall."""
+    target = tiny_target(seed=4)
+    prompts = prompts_of([3, 10, 1, 6], 48, seed=4)
+    _, full = speculative_generate(target, tiny_dflash2(target, topk=16), prompts, max_new_tokens=20)
+    _, short = speculative_generate(target, tiny_dflash2(target, topk=2), prompts, max_new_tokens=20)
+    assert full["recall_positions"] >= full["steps"]
+    assert 0 <= short["recall_top1"] <= short["recall_topk"] < full["recall_topk"] <= 1
+    _, dflash = speculative_generate(target, tiny_drafter(target), prompts, max_new_tokens=20)
+    assert "recall_top1" not in dflash

@@ -37,6 +37,7 @@ class DraftBlock(NamedTuple):
     logits: torch.Tensor | None = None     # [B, γ-1, V] DFlash draft logits
     confidence: torch.Tensor | None = None  # [B, γ-1] DSpark's calibrated per-token survival
     signals: torch.Tensor | None = None    # [B, γ-1, 4] DFlash 2 path-selector signals (spec.proxy.SIGNALS)
+    cand_ids: torch.Tensor | None = None   # [B, γ-1, K] DFlash 2 Top-K candidates, best first
 
 
 def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, seeds, offsets,
@@ -60,7 +61,8 @@ def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, se
         mode = mode if (mode != "sample" or sampling) else "greedy"
         tokens, cand_ids, q, signals = drafter.propose(cache, anchor, ctx_lens, mode=mode, temperature=temperature,
                                                        seeds=seeds, offsets=offsets)
-        return DraftBlock(tokens, q, cand_ids if q is not None else None, signals=signals.features())
+        return DraftBlock(tokens, q, cand_ids if q is not None else None, signals=signals.features(),
+                          cand_ids=cand_ids)
     logits = drafter.draft_logits(cache, anchor, ctx_lens)
     g = drafter.block_size
     tokens, q = sample_logits(logits, temperature, seeds, offsets[:, None] + torch.arange(g - 1, device=anchor.device),
@@ -124,6 +126,7 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
         active &= anchor != eos_id
     offsets = torch.ones(B, dtype=torch.int64, device=device)  # Philox position 0 drew the first token
     steps, accepted, verified = (torch.zeros(B, dtype=torch.int64) for _ in range(3))
+    recall = torch.zeros(3, dtype=torch.int64)  # DFlash 2: positions with a known target token, top-1 hits, Top-K hits
     records = []
     pos_accepted, pos_tried = torch.zeros(K, dtype=torch.int64), torch.zeros(K, dtype=torch.int64)
     slots = torch.arange(B, device=device).repeat_interleave(K + 1)
@@ -155,6 +158,8 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
             scheduler.observe(block, n_acc, k_b)
         if record:
             records.append(_record(block, n_acc, k_b, live))
+        if block.cand_ids is not None:
+            recall += _recall(block.cand_ids, vtokens, n_acc, live)
         n_emit = n_acc + 1
         out_buf.scatter_(1, n_out[:, None] + ar[:K + 1], vtokens)  # columns past n_out + n_emit: overwritten later
         if eos_id is not None:
@@ -179,6 +184,9 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     n_final = n_out.clamp(max=max_new_tokens).tolist()
     outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_final)]
     stats = _stats(clock, outputs, steps, accepted, verified, pos_accepted, pos_tried, B)
+    if int(recall[0]):
+        stats["recall_top1"], stats["recall_topk"] = (recall[1:] / recall[0]).tolist()
+        stats["recall_positions"] = int(recall[0])
     if record:
         stats["records"] = {k: torch.cat([r[k] for r in records]) if records and records[0][k] is not None else None
                             for k in ("confidence", "signals", "num_accepted", "num_verified")}
@@ -202,6 +210,18 @@ def ragged_rows(logits: torch.Tensor, drafts: torch.Tensor, k_b: torch.Tensor, q
     ar = torch.arange(S, device=logits.device)
     keep = ar[:S - 1] < k_b[:, None]
     return (logits[ar <= k_b[:, None]], drafts[keep], cu, *(None if x is None else x[keep] for x in (q, q_ids)))
+
+
+def _recall(cand_ids, vtokens, n_acc, live) -> torch.Tensor:
+    """[known, top-1 hits, Top-K hits] of the drafter's candidate lists at the block
+    positions whose target token the verify step revealed (accepted drafts and the
+    correction or bonus token: positions 0 .. n_acc)."""
+    J = min(cand_ids.shape[1], vtokens.shape[1])
+    tgt = vtokens[:, :J]
+    known = (torch.arange(J, device=tgt.device) <= n_acc[:, None]) & live[:, None]
+    top1 = (cand_ids[:, :J, 0] == tgt) & known
+    topk = (cand_ids[:, :J] == tgt[..., None]).any(-1) & known
+    return torch.stack([known.sum(), top1.sum(), topk.sum()]).cpu()
 
 
 def _record(block: DraftBlock, n_acc, k_b, live) -> dict:

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -216,7 +215,7 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
     g = drafter.block_size
     S = ev["features"].shape[1]
     anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]  # anchor a needs labels up to a + g - 1 <= S
-    hits_all, top1 = [], []
+    hits_all = []
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
         a = anchors.expand(ev["tokens"][sl].shape[0], -1)
