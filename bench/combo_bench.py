@@ -10,7 +10,7 @@ table (combo_bench.md) and one PNG per task (throughput ratio to plain decoding
 vs concurrency, one line per method, the 1.0x line drawn).
 
     python bench/combo_bench.py            # full grid
-    python bench/combo_bench.py --quick    # 48 new tokens, 4 prompts per row, 1 repeat
+    python bench/combo_bench.py --quick    # 48 new tokens, 8 prompts per row, 1 repeat
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
-    p.add_argument("--min-prompts", type=int, default=8, help="prompts per row at least (batches of c)")
+    p.add_argument("--min-prompts", type=int, default=16,
+                   help="prompts per row at least, in batches of c (default %(default)s; the same prompts in every row)")
     p.add_argument("--noise", type=float, default=0.03,
                    help="relative tolerance of 'at or above' (default %(default)s; compare with the rows' spread)")
     p.add_argument("--threads", type=int, default=2)
@@ -147,13 +148,13 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None)
     for name in DRAFTERS:
         p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: shipped)")
-    p.add_argument("--quick", action="store_true", help="48 new tokens, 4 prompts per row, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="48 new tokens, 8 prompts per row, 1 repeat")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/combo_bench[_quick].json)")
     args = p.parse_args(argv)
     if COMBO not in args.methods or "ar" not in args.methods:
         p.error(f"--methods must include ar and {COMBO}")
     if args.quick:
-        args.max_new_tokens, args.repeats, args.min_prompts = 48, 1, 4
+        args.max_new_tokens, args.repeats, args.min_prompts = 48, 1, 8
     out = Path(args.out) if args.out else RESULTS / f"combo_bench{'_quick' if args.quick else ''}.json"
     t0 = time.time()
     try:

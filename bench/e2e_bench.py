@@ -79,8 +79,9 @@ def run(args, target=None, methods=None) -> dict:
           f"{'ms/step':>8}  same as plain")
     rows = []
     for c in args.concurrency:
-        # At least min_prompts prompts per row (batches of c), so low concurrency is not one prompt's luck.
-        batches = [prompts[i:i + c] for i in range(0, max(c, args.min_prompts), c)]
+        # Every row decodes the same prompts (batches of c), so rows differ only by method and
+        # concurrency, and low concurrency is not a few prompts' luck.
+        batches = [prompts[i:i + c] for i in range(0, len(prompts), c)]
         plain_out, plain_tps = None, None
         for spec, decode in methods.items():
             best, times = None, []
@@ -111,6 +112,7 @@ def run(args, target=None, methods=None) -> dict:
                    "wasted_fraction": st.get("drafts_wasted", 0) / max(1, st.get("drafts_verified", 0)),
                    "acceptance_per_position": st.get("acceptance_per_position"),
                    "recall_top1": st.get("recall_top1"), "recall_topk": st.get("recall_topk"),
+                   "draft_ms_per_step": st.get("draft_ms_per_step"),
                    "phase_seconds": st.get("phase_seconds")}
             rows.append(row)
             print(f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
@@ -128,7 +130,8 @@ def run(args, target=None, methods=None) -> dict:
         "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
         "task": args.task, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature, "min_prompts": args.min_prompts,
-        "decoding": "no early stop; best of repeats; at least min_prompts prompts per row, in batches of c",
+        "prompts": len(prompts),
+        "decoding": "no early stop; best of repeats; every row decodes the same prompts, in batches of c",
         "repeats": args.repeats, "methods": list(methods), "results": rows,
     }
 
@@ -153,6 +156,8 @@ def _merge(stats: list[dict]) -> dict:
         merged["verified_per_step"] = merged["drafts_verified"] / max(1, steps)
     if "phase_seconds" in stats[0]:
         merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
+        # Drafting time per loop iteration: what DFlash 2's convs and selector add over DFlash.
+        merged["draft_ms_per_step"] = 1e3 * merged["phase_seconds"].get("draft", 0.0) / max(1, iters)
         tried = [s["acceptance_per_position"] for s in stats]
         merged["acceptance_per_position"] = [sum(col) / len(col) for col in zip(*tried)]
     return merged
@@ -195,14 +200,16 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
-    p.add_argument("--min-prompts", type=int, default=8, help="prompts per row at least (batches of c)")
+    p.add_argument("--min-prompts", type=int, default=32,
+                   help="prompts per row at least, in batches of c (default %(default)s: every row decodes the "
+                        "same 32 prompts, so rows differ only by method and concurrency)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--quick", action="store_true", help="concurrency 1 4 16, 48 new tokens, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="concurrency 1 4 16, 48 new tokens, 16 prompts, 1 repeat")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e_bench[_quick][_t1].json)")
     args = p.parse_args(argv)
     if args.quick:
-        args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 4
+        args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 16
     suffix = ("_quick" if args.quick else "") + (f"_t{args.temperature:g}" if args.temperature else "")
     out = Path(args.out) if args.out else RESULTS / f"e2e_bench{suffix}.json"
     try:

@@ -10,14 +10,13 @@ One place for what the CLI and the benchmarks both need:
 
 `make_decoder(spec, target)` returns decode(prompts, max_new_tokens,
 temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
-table of the running machine (`profile_sps`, cached on disk), with the
-drafter's own per-step time added so that Θ = τ · SPS(T) prices whole steps.
+table of the running machine (`profile_sps`, cached on disk), with the rest
+of a step's measured time (drafting, verify, commit) added, so that
+Θ = τ · SPS(T) prices whole steps.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from .. import data
 from .confidence import ConfidenceScheduler, SPSTable, profile_sps
-from .loop import PATH_MODES, draft_block, speculative_generate
+from .loop import PATH_MODES, speculative_generate
 from .proxy import ConfidenceProxy
 from .schedulers import FixedK
 
@@ -98,36 +97,33 @@ def load_proxy(drafter_dir: str | Path, temperature: float, device=None) -> Conf
 
 
 @torch.no_grad()
-def draft_seconds(drafter, batch_size: int, context_len: int = 256, path: str = "auto", repeats: int = 5) -> float:
-    """Median wall seconds of one `draft_block` for `batch_size` requests at `context_len`."""
-    device = next(drafter.parameters()).device
-    cache = drafter.new_cache(batch_size, context_len + drafter.block_size)
-    lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
-    anchor = torch.full((batch_size,), 2, dtype=torch.int64, device=device)
-    z = torch.zeros(batch_size, device=device)
-    times = []
-    for i in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        draft_block(drafter, cache, anchor, lens, z, z.long(), z.long(), path)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def step_overhead_seconds(target, drafter, batch_size: int, path: str = "auto", context_len: int = 64,
+                          steps: int = 6) -> float:
+    """Seconds per loop step spent outside the target forward (drafting, scheduling, verify,
+    commit, injection) for `batch_size` requests: measured on a short greedy run with fixed
+    K = γ - 1 on random prompts (no host work here depends on what is decoded)."""
+    g = drafter.block_size
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
+    run = lambda n: speculative_generate(target, drafter, prompts, max_new_tokens=n, path=path,  # noqa: E731
+                                         scheduler=FixedK(g - 1))
+    run(2)  # warm-up
+    _, st = run(steps * g)
+    iters = max(1.0, st["steps"] / batch_size)
+    ph = st["phase_seconds"]
+    return sum(v for k, v in ph.items() if k not in ("prefill", "target")) / iters
 
 
 _SPS: dict = {}
 
 
 def step_sps(target, drafter, batch_size: int, path: str = "auto") -> SPSTable:
-    """Whole-step rate SPS(T) = 1 / (target verify forward of T tokens + one drafting pass),
+    """Whole-step rate SPS(T) = 1 / (target verify forward of T tokens + the step's other work),
     profiled once per process and batch size (the forward's table is also cached on disk)."""
     key = (id(target), id(drafter), batch_size, path)
     if key not in _SPS:
         forward = profile_sps(target, batch_size, hidden_layers=drafter.config.target_layer_ids)
-        _SPS[key] = forward.with_overhead(draft_seconds(drafter, batch_size, path=path))
+        _SPS[key] = forward.with_overhead(step_overhead_seconds(target, drafter, batch_size, path))
     return _SPS[key]
 
 
