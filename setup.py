@@ -38,7 +38,9 @@ def rel(paths):
 
 
 with_cuda = build_cuda()
-cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]
+# -fno-trapping-math: no FP trap is ever enabled, so GCC may if-convert and vectorize
+# loops with floating-point selects (values unchanged); CMakeLists.txt uses it too.
+cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-fno-trapping-math"]
 sources = rel(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
 if with_cuda:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("FLASHSPARK_CUDA_ARCHS", "8.0;9.0a"))

@@ -134,6 +134,7 @@ def test_dflash2_proxy_scheduler_greedy_and_online_updates():
 
     class Recording:
         max_spec_len = 4
+        wants_signals = sched.wants_signals
 
         def __call__(self, state):
             k = real(state)
@@ -151,6 +152,11 @@ def test_dflash2_proxy_scheduler_greedy_and_online_updates():
     rec = st["records"]
     assert rec["signals"].shape == (st["steps"], 4, 4) and rec["confidence"] is None
     assert int(rec["num_verified"].sum()) == st["drafts_verified"]
+    # Fixed K needs no signals: the loop skips them (and the proxy scheduler asks for them).
+    assert sched.wants_signals and not getattr(FixedK(4), "wants_signals", False)
+    blk = loop.draft_block(d, d.new_cache(1, 16), torch.tensor([3]), torch.tensor([0]), torch.zeros(1),
+                           torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), signals=False)
+    assert blk.signals is None and blk.cand_ids is not None
 
 
 def test_record_collects_dspark_confidences():
@@ -302,3 +308,22 @@ def test_dflash2_recall_stats():
     assert 0 <= short["recall_top1"] <= short["recall_topk"] < full["recall_topk"] <= 1
     _, dflash = speculative_generate(target, tiny_drafter(target), prompts, max_new_tokens=20)
     assert "recall_top1" not in dflash
+
+
+@pytest.mark.parametrize("method", ["dflash2", "dflash2:sched=confidence", "dspark", "dspark:sched=confidence"])
+def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
+    """The shipped DFlash 2 and DSpark drafters with the shipped target: exact at T = 0, and they draft."""
+    from flashspark import data
+    from flashspark.models import load_model
+    from flashspark.spec.methods import make_decoder, parse_method
+
+    if not (data.ASSETS_DIR / parse_method(method).drafter / "model.safetensors").is_file():
+        pytest.skip("drafter not shipped")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    target = load_model(data.ASSETS_DIR / "target", dtype=torch.float32)
+    tok = data.load_tokenizer()
+    prompts = [p[:n] for p, n in zip(data.heldout_prompts("code", 4, 48, tok), (48, 17, 33, 5))]
+    want, _ = generate(target, prompts, max_new_tokens=40)
+    got, st = make_decoder(method, target)(prompts, 40)
+    assert got == want
+    assert st["tau"] > 1.5

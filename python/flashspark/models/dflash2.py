@@ -239,10 +239,11 @@ class DFlash2Drafter(DFlashDrafter):
     @torch.no_grad()
     def propose(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, mode: str = "backtrack",
                 temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-                offsets: torch.Tensor | None = None):
+                offsets: torch.Tensor | None = None, signals: bool = True):
         """Draft a block: (drafts [B, γ-1] int64, cand_ids [B, γ-1, K] int32,
         q [B, γ-1, K] fp32 in sample mode (sparse q for `verify` with cand_ids) else None,
-        PathSignals).
+        PathSignals, or None when `signals` is False: they cost a few small ops per step
+        that only a confidence proxy needs).
 
         Draft k (1..γ-1) draws at Philox position ``offsets[b] + k - 1``, like the loop's DFlash drafts.
         """
@@ -252,8 +253,8 @@ class DFlash2Drafter(DFlashDrafter):
         dtype = self.selector.a_emb.dtype
         tokens, choice, scores, q = select(cand_ids, unary, self.selector.a_emb, self.selector.b_emb, g.to(dtype),
                                            anchor, mode=mode, temperature=temperature, seeds=seeds, offsets=offsets)
-        signals = path_signals(scores, choice, unary)
-        return tokens.long(), cand_ids, (q if mode == "sample" else None), signals
+        return (tokens.long(), cand_ids, (q if mode == "sample" else None),
+                path_signals(scores, choice, unary) if signals else None)
 
     def selector_loss(self, hidden: torch.Tensor, logits: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor,
                       weights: torch.Tensor | None = None):

@@ -123,10 +123,9 @@ class DSparkDrafter(DFlashDrafter):
     @torch.no_grad()
     def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
         """[B, γ-1, V] Markov-head logits along the greedy chain: U_k + W2 W1[x_{k-1}] with x the
-        greedy drafts, so a loop that takes the argmax of `draft_logits` (the DFlash interface)
-        drafts exactly DSpark's greedy block. Their confidences are left in `last_confidence`
-        [B, γ-1] for a scheduler. (Sampling at T > 0 needs `propose`: per-position samples from
-        these logits are still verified losslessly, but are not DSpark's sampler.)"""
+        greedy drafts, for callers that speak DFlash's interface (argmax of `draft_logits`
+        is exactly DSpark's greedy block); confidences are left in `last_confidence` [B, γ-1].
+        The loop uses `propose`, which is also DSpark's sampler at T > 0."""
         hidden = self.draft_hidden(cache, anchor, ctx_lens)[:, 1:]
         base = self.logits(hidden)
         drafts, _, conf = self._markov_chain(hidden, base, anchor)

@@ -146,6 +146,11 @@ class ConfidenceScheduler:
     def reset(self) -> None:
         self._history.clear()
 
+    @property
+    def wants_signals(self) -> bool:
+        """Whether the loop must compute DFlash 2 path signals (a confidence proxy reads them)."""
+        return bool(getattr(self.confidence_fn, "wants_signals", False))
+
     def __call__(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
         if conf is None:

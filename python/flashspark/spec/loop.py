@@ -41,13 +41,14 @@ class DraftBlock(NamedTuple):
 
 
 def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, seeds, offsets,
-                path: str = "auto") -> DraftBlock:
+                path: str = "auto", signals: bool = True) -> DraftBlock:
     """Draft γ-1 tokens per request after `anchor`, drawing at Philox positions offsets + 0 .. γ-2.
 
     DFlash: one parallel pass, each position sampled from its own logits (q dense).
     DFlash 2: Top-K lattice + path selector; `sample` paths carry sparse q over the K
     candidates, deterministic paths (`backtrack`, `greedy`, and every path at temperature 0)
-    are verified as one-hot drafts; `auto` = backtrack at temperature 0, else sample. DSpark: the Markov head's serial chain (q dense) and
+    are verified as one-hot drafts; `auto` = backtrack at temperature 0, else sample;
+    `signals=False` skips the path signals that only a confidence proxy reads. DSpark: the Markov head's serial chain (q dense) and
     its confidences.
     """
     sampling = bool((temperature > 0).any())
@@ -59,10 +60,10 @@ def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, se
             raise ValueError(f"path must be one of {PATH_MODES}, got {path!r}")
         mode = ("sample" if sampling else "backtrack") if path == "auto" else path
         mode = mode if (mode != "sample" or sampling) else "greedy"
-        tokens, cand_ids, q, signals = drafter.propose(cache, anchor, ctx_lens, mode=mode, temperature=temperature,
-                                                       seeds=seeds, offsets=offsets)
-        return DraftBlock(tokens, q, cand_ids if q is not None else None, signals=signals.features(),
-                          cand_ids=cand_ids)
+        tokens, cand_ids, q, sig = drafter.propose(cache, anchor, ctx_lens, mode=mode, temperature=temperature,
+                                                   seeds=seeds, offsets=offsets, signals=signals)
+        return DraftBlock(tokens, q, cand_ids if q is not None else None,
+                          signals=None if sig is None else sig.features(), cand_ids=cand_ids)
     logits = drafter.draft_logits(cache, anchor, ctx_lens)
     g = drafter.block_size
     tokens, q = sample_logits(logits, temperature, seeds, offsets[:, None] + torch.arange(g - 1, device=anchor.device),
@@ -80,7 +81,8 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     A request stops after `eos_id` (included) or `max_new_tokens` tokens.
     `scheduler` (default: FixedK(gamma - 1)) says how many drafts each request
     verifies per step; a scheduler with an `observe(block, num_accepted,
-    num_verified)` method hears every step's outcomes. `path` is the DFlash 2
+    num_verified)` method hears every step's outcomes, and one with a true
+    `wants_signals` attribute gets DFlash 2's path signals. `path` is the DFlash 2
     path mode. Request b draws from the Philox stream of seed `(seed << 32) + b`.
     `record` adds stats["records"]: per request-step confidences / signals and
     outcomes (for calibration reports).
@@ -88,6 +90,7 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     device = target.model.embed_tokens.weight.device
     g, B = drafter.block_size, len(prompts)
     scheduler = scheduler or FixedK(g - 1)
+    want_signals = record or getattr(scheduler, "wants_signals", False)
     K = scheduler.max_spec_len
     if not 0 <= K <= g - 1:
         raise ValueError(f"scheduler.max_spec_len = {K} must lie in [0, block size - 1 = {g - 1}]")
@@ -134,7 +137,7 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
 
     while bool(active.any()):
         # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1.
-        block = draft_block(drafter, dcache, anchor, lens, temp, seeds, offsets, path)
+        block = draft_block(drafter, dcache, anchor, lens, temp, seeds, offsets, path, want_signals)
         drafts = block.tokens
         clock.tick("draft")
         # 3. How many drafts each request verifies (0 for finished requests).

@@ -149,6 +149,8 @@ class ProxyConfidence:
     """`ConfidenceScheduler(confidence_fn=...)` glue: confidences from the step's DFlash 2
     signals, and (when `online`) the proxy updated from every step's verify outcomes."""
 
+    wants_signals = True
+
     def __init__(self, proxy: ConfidenceProxy, online: bool = True):
         self.proxy, self.online = proxy, online
 

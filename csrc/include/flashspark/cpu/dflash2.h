@@ -4,9 +4,31 @@
 #include <algorithm>
 
 #include "flashspark/cpu/reduce.h"
+#include "flashspark/cpu/vec.h"
 #include "flashspark/dflash2.h"
 
 namespace flashspark::cpu {
+
+// Top-K list and softmax state of row[lo, hi), in tiles that stay in L1: per tile a
+// vectorized max and sum of exponentials (merged like any two softmax states), then a
+// scan that only calls the insertion for values above the current K-th (ids rise
+// along the scan, so an equal value never displaces a lower id: same order as topk_push).
+constexpr int64_t kTopKTile = 1024;
+
+template <class T>
+TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
+  TopKState st = topk_state_identity(k);
+  float buf[kTopKTile];
+  for (int64_t b = lo; b < hi; b += kTopKTile) {
+    const int64_t n = std::min(kTopKTile, hi - b);
+    for (int64_t i = 0; i < n; ++i) buf[i] = to_float(row[b + i]);
+    const float m = max_of(n, buf);
+    if (m != kNegInf) st.softmax = softmax_merge(st.softmax, SoftmaxState{m, sum_exp_shifted(n, buf, m)});
+    for (int64_t i = 0; i < n; ++i)
+      if (buf[i] > st.top.v[k - 1] || st.top.i[k - 1] < 0) topk_push(st.top, buf[i], int32_t(b + i));
+  }
+  return st;
+}
 
 template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
@@ -25,12 +47,7 @@ void topk_select_cpu(const TopKParams<T>& p, const ParallelFor& parallel_for) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = p.logits + r * p.row_stride;
       const TopKState s = chunked_reduce(
-          p.vocab, topk_state_identity(p.k),
-          [&](int64_t lo, int64_t hi) {
-            TopKState st = topk_state_identity(p.k);
-            for (int64_t i = lo; i < hi; ++i) topk_state_add(st, to_float(row[i]), int32_t(i));
-            return st;
-          },
+          p.vocab, topk_state_identity(p.k), [&](int64_t lo, int64_t hi) { return topk_chunk(row, lo, hi, p.k); },
           TopKMergeOp{}, parallel_for);
       topk_write(s, p.out_values + r * p.k, p.out_ids + r * p.k, p.out_lse + r);
     }
@@ -42,11 +59,29 @@ struct PathSerialBackend {
   const PathParams<T>& p;
   bool leader() const { return true; }
   int32_t broadcast(int32_t v) const { return v; }
+  // S(a, b) = U(b) + <A[a] ⊙ g, B[b]>: A[a] ⊙ g once per predecessor, then one vectorized
+  // dot per candidate (the same sum as path_pair_score, in the dot's order); ranks above
+  // the stack buffers take the scalar path_pair_score.
+  static constexpr int32_t kMaxPathRank = 512;
   void pair_scores(int64_t rt, const int32_t* prev, int32_t n_prev, float* out) const {
     const int32_t* cand = p.cand_ids + rt * p.k;
     const float* unary = p.unary + rt * p.k;
-    for (int32_t a = 0; a < n_prev; ++a)
-      for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
+    if (p.rank > kMaxPathRank) {
+      for (int32_t a = 0; a < n_prev; ++a)
+        for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
+      return;
+    }
+    const T* gr = p.g + rt * p.rank;
+    float ag[kMaxPathRank], br[kMaxPathRank];
+    for (int32_t a = 0; a < n_prev; ++a) {
+      const T* ar = p.a_emb + int64_t(prev[a]) * p.rank;
+      for (int32_t i = 0; i < p.rank; ++i) ag[i] = to_float(ar[i]) * to_float(gr[i]);
+      for (int32_t b = 0; b < p.k; ++b) {
+        const T* brow = p.b_emb + int64_t(cand[b]) * p.rank;
+        for (int32_t i = 0; i < p.rank; ++i) br[i] = to_float(brow[i]);
+        out[a * p.k + b] = unary[b] + dot(p.rank, ag, br);
+      }
+    }
   }
 };
 

@@ -3,7 +3,9 @@
 // portable build still runs AVX2/AVX-512 code where the CPU has it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -37,6 +39,47 @@ FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
   return acc;
+}
+
+// max_i x[i] (-inf for n = 0).
+FS_CPU_CLONES static float max_of(int64_t n, const float* __restrict x) {
+  float m = -__builtin_inff();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// exp(x) for x <= 0 (the terms of a max-shifted softmax sum), in plain arithmetic so
+// that simd loops vectorize it (the C library's expf is a call): Cody-Waite range
+// reduction by ln 2 and a degree-6 polynomial (the Cephes expf coefficients), within
+// 2 ulp of expf for x in [-87, 0]; below -87 it returns about 1.6e-38 instead of an
+// underflowing value, which no sum that contains exp(0) = 1 can notice. The clamp is
+// a select that vectorizes under -fno-trapping-math (setup.py, CMakeLists.txt).
+static inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // n = round(x / ln 2) by truncating a non-negative number (a vector conversion, no call).
+  const int32_t ni = -int32_t(0.5f - x * 1.44269504088896341f);
+  const float n = float(ni);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (ni + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+
+// sum_i exp(x[i] - m) for m >= max_i x[i].
+FS_CPU_CLONES static float sum_exp_shifted(int64_t n, const float* __restrict x, float m) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += exp_nonpositive(x[i] - m);
+  return s;
 }
 
 }  // namespace flashspark::cpu
