@@ -310,9 +310,10 @@ def test_dflash2_recall_stats():
     assert "recall_top1" not in dflash
 
 
-@pytest.mark.parametrize("method", ["dflash2", "dflash2:sched=confidence", "dspark", "dspark:sched=confidence"])
+@pytest.mark.parametrize("method", ["dflash2", "dflash2:sched=confidence,plain=0", "dspark", "dspark:sched=confidence,plain=0"])
 def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
-    """The shipped DFlash 2 and DSpark drafters with the shipped target: exact at T = 0, and they draft."""
+    """The shipped DFlash 2 and DSpark drafters with the shipped target: exact at T = 0, and they draft
+    (plain=0: the confidence scheduler may not fall back to plain steps, which depend on the machine)."""
     from flashspark import data
     from flashspark.models import load_model
     from flashspark.spec.methods import make_decoder, parse_method
@@ -327,3 +328,31 @@ def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
     got, st = make_decoder(method, target)(prompts, 40)
     assert got == want
     assert st["tau"] > 1.5
+
+
+@pytest.mark.parametrize("plain_rate,expect_plain", [(1e6, True), (1e-6, False)])
+def test_confidence_scheduler_plain_steps_exact(plain_rate, expect_plain):
+    """When plain decoding is priced faster than any speculative step, the scheduler runs
+    plain decode steps (re-drafting every probe_every steps); output stays exact."""
+    target = tiny_target(seed=5)
+    d = tiny_dspark(target)
+    prompts = prompts_of([4, 9, 2], 48, seed=5)
+    want, _ = generate(target, prompts, max_new_tokens=30)
+    plain = SPSTable([1, 100], [plain_rate, plain_rate])
+    sched = ConfidenceScheduler(4, linear_sps(), plain_sps=plain, probe_every=5)
+    got, st = speculative_generate(target, d, prompts, max_new_tokens=30, scheduler=sched, record=True)
+    assert got == want
+    if expect_plain:
+        # Every 5th step drafts (the first too); the rest are plain steps that verify nothing.
+        assert st["plain_steps"] >= 0.6 * st["steps"] / 3 and st["records"]["num_verified"].numel() < st["steps"]
+    else:
+        assert st["plain_steps"] == 0 and st["records"]["num_verified"].numel() == st["steps"]
+
+
+def test_wants_draft_probe_cadence():
+    sched = ConfidenceScheduler(3, linear_sps(), plain_sps=SPSTable([1, 100], [1e6, 1e6]), probe_every=4)
+    active = torch.tensor([True, True])
+    assert sched.wants_draft(active)          # no confidences yet
+    sched.schedule(torch.full((2, 3), 0.9), active)
+    assert [sched.wants_draft(active) for _ in range(8)] == [False, False, False, True] * 2
+    assert ConfidenceScheduler(3, linear_sps()).wants_draft(active)  # no plain table: always draft

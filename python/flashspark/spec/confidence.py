@@ -87,11 +87,12 @@ def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
 
 
 def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTable,
-                    max_spec_len: int | None = None) -> torch.Tensor:
+                    max_spec_len: int | None = None, return_theta: bool = False):
     """Drafts to verify per request, int64 [B] (0 for inactive requests).
 
     confidence [B, K'] per-token survival c_{r,j} for draft positions 1..K';
     active [B] bool; only the first max_spec_len positions are candidates.
+    `return_theta`: also return the best Θ (expected tokens per second of the step).
     """
     B = confidence.shape[0]
     K = confidence.shape[1] if max_spec_len is None else min(max_spec_len, confidence.shape[1])
@@ -101,7 +102,8 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     n_active = int(active.sum())
     k_b = torch.zeros(B, dtype=torch.int64)
     if n_active == 0 or K == 0:
-        return k_b.to(device)
+        theta0 = float(n_active * sps(torch.tensor(max(1, n_active))))
+        return (k_b.to(device), theta0) if return_theta else k_b.to(device)
     rows = active.nonzero()[:, 0]
     a = a[rows]                                                                  # [R, K]
     R = rows.numel()
@@ -118,7 +120,7 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     m = int(torch.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
     counts = torch.bincount(req[order[:m]], minlength=R)
     k_b[rows] = counts
-    return k_b.to(device)
+    return (k_b.to(device), float(theta[m])) if return_theta else k_b.to(device)
 
 
 class ConfidenceScheduler:
@@ -132,19 +134,51 @@ class ConfidenceScheduler:
 
     `delay` = 2 uses the confidences of two steps earlier, as engines do so that
     scheduling adds no latency (the first steps use the oldest confidences they have).
+
+    `plain_sps` (steps per second of a plain decode step at T tokens) lets the
+    scheduler skip drafting altogether: before each step, `wants_draft` compares the
+    best Θ the latest confidences promise (`sps` prices a whole speculative step,
+    drafting included) with the rate of a plain step, n_active · plain_sps(n_active),
+    and drafts only when speculation is expected to win. While it does not draft it
+    re-drafts every `probe_every` steps to refresh the confidences. Without
+    `plain_sps` it always drafts.
     """
 
-    def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None):
-        if max_spec_len < 0 or delay < 0:
-            raise ValueError("max_spec_len and delay must be >= 0")
+    def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
+                 plain_sps: SPSTable | None = None, probe_every: int = 64):
+        if max_spec_len < 0 or delay < 0 or probe_every < 1:
+            raise ValueError("max_spec_len and delay must be >= 0, probe_every >= 1")
         self.max_spec_len = max_spec_len
         self.sps = sps
         self.delay = delay
         self.confidence_fn = confidence_fn
+        self.plain_sps = plain_sps
+        self.probe_every = probe_every
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
+        self._plain_steps = 0
+        self._decision: tuple | None = None  # (confidences, active count, draft?) of the last comparison
 
     def reset(self) -> None:
         self._history.clear()
+        self._plain_steps = 0
+        self._decision = None
+
+    def wants_draft(self, active: torch.Tensor) -> bool:
+        """Whether this step should draft (and verify by the schedule), or be a plain decode step."""
+        if self.plain_sps is None or not self._history or self._plain_steps + 1 >= self.probe_every:
+            self._plain_steps = 0
+            return True
+        n = int(active.sum())
+        conf = self._history[-1]
+        if self._decision is None or self._decision[0] is not conf or self._decision[1] != n:
+            # Same confidences and load as last time: same answer, no need to re-sort.
+            _, theta = schedule_tokens(conf, active, self.sps, self.max_spec_len, return_theta=True)
+            self._decision = (conf, n, theta > n * float(self.plain_sps(torch.tensor(max(1, n)))))
+        if self._decision[2]:
+            self._plain_steps = 0
+            return True
+        self._plain_steps += 1
+        return False
 
     @property
     def wants_signals(self) -> bool:

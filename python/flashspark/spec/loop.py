@@ -130,25 +130,33 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     offsets = torch.ones(B, dtype=torch.int64, device=device)  # Philox position 0 drew the first token
     steps, accepted, verified = (torch.zeros(B, dtype=torch.int64) for _ in range(3))
     recall = torch.zeros(3, dtype=torch.int64)  # DFlash 2: positions with a known target token, top-1 hits, Top-K hits
-    records = []
+    records, plain_steps = [], 0
     pos_accepted, pos_tried = torch.zeros(K, dtype=torch.int64), torch.zeros(K, dtype=torch.int64)
     slots = torch.arange(B, device=device).repeat_interleave(K + 1)
     clock.tick("prefill")
 
     while bool(active.any()):
-        # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1.
-        block = draft_block(drafter, dcache, anchor, lens, temp, seeds, offsets, path, want_signals)
+        # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1, unless the
+        #    scheduler expects a plain decode step to be faster now (then verify 0 drafts).
+        drafted = getattr(scheduler, "wants_draft", None) is None or scheduler.wants_draft(active)
+        if drafted:
+            block = draft_block(drafter, dcache, anchor, lens, temp, seeds, offsets, path, want_signals)
+            clock.tick("draft")
+            # 3. How many drafts each request verifies (0 for finished requests).
+            k_b = scheduler(ScheduleState(active, lens, block.tokens, block.logits, block.confidence, block.signals))
+        else:
+            block, k_b = DraftBlock(anchor.new_zeros(B, g - 1)), torch.zeros_like(lens)
+            plain_steps += 1
         drafts = block.tokens
-        clock.tick("draft")
-        # 3. How many drafts each request verifies (0 for finished requests).
-        k_b = scheduler(ScheduleState(active, lens, drafts, block.logits, block.confidence, block.signals))
         clock.tick("schedule")
-        # 4. One ragged target forward over [anchor, d_1 .. d_k_b]; finished requests write nothing.
-        fwd = target(torch.cat((anchor[:, None], drafts[:, :K]), 1), tcache, lens, (k_b + 1) * active,
+        # 4. One ragged target forward over [anchor, d_1 .. d_k_b], as wide as the longest;
+        #    finished requests write nothing.
+        w = K if isinstance(scheduler, FixedK) else int(k_b.max())
+        fwd = target(torch.cat((anchor[:, None], drafts[:, :w]), 1), tcache, lens, (k_b + 1) * active,
                      hidden_layers=layers)
         clock.tick("target")
         # 5. Rejection-sampling verify of the k_b + 1 logits rows per request.
-        rows, flat_drafts, cu, flat_q, flat_ids = ragged_rows(fwd.logits, drafts[:, :K], k_b, block.probs,
+        rows, flat_drafts, cu, flat_q, flat_ids = ragged_rows(fwd.logits, drafts[:, :w], k_b, block.probs,
                                                               block.prob_ids)
         vtokens, n_acc = ops.verify(rows, flat_drafts, cu, temperature=temp, seeds=seeds, offsets=offsets,
                                     max_spec_len=K, draft_probs=flat_q, draft_probs_ids=flat_ids)
@@ -157,9 +165,9 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
         # 6. Commit accepted drafts + the correction/bonus token; stop at EOS / max_new_tokens.
         live = active.clone()  # the requests verified this step
         vtokens, n_acc = vtokens.long(), n_acc.long()
-        if hasattr(scheduler, "observe"):
+        if hasattr(scheduler, "observe") and drafted:
             scheduler.observe(block, n_acc, k_b)
-        if record:
+        if record and drafted:
             records.append(_record(block, n_acc, k_b, live))
         if block.cand_ids is not None:
             recall += _recall(block.cand_ids, vtokens, n_acc, live)
@@ -172,8 +180,9 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
         n_out += n_emit * live
         active &= n_out < max_new_tokens
         # 7. Inject the committed tokens' features (anchor + accepted drafts: rows 0..n_acc at lens ..).
-        #    All K + 1 rows are written; rejected ones sit past the new ctx_len and get overwritten.
-        drafter.inject(dcache, fwd.hidden.flatten(0, 1), (lens[:, None] + ar[:K + 1]).flatten(), slots)
+        #    All w + 1 rows are written; rejected ones sit past the new ctx_len and get overwritten.
+        drafter.inject(dcache, fwd.hidden.flatten(0, 1), (lens[:, None] + ar[:w + 1]).flatten(),
+                       slots if w == K else torch.arange(B, device=device).repeat_interleave(w + 1))
         # 8. Roll both caches back to the committed length: only the lengths move.
         lens += (n_acc + 1) * live
         anchor = torch.where(live, vtokens.gather(1, n_acc[:, None])[:, 0], anchor)
@@ -187,6 +196,7 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     n_final = n_out.clamp(max=max_new_tokens).tolist()
     outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_final)]
     stats = _stats(clock, outputs, steps, accepted, verified, pos_accepted, pos_tried, B)
+    stats["plain_steps"] = plain_steps  # loop iterations the scheduler ran as plain decode steps
     if int(recall[0]):
         stats["recall_top1"], stats["recall_topk"] = (recall[1:] / recall[0]).tolist()
         stats["recall_positions"] = int(recall[0])

@@ -41,6 +41,7 @@ class MethodSpec:
     path: str = "auto"              # DFlash 2 path mode (auto: backtrack at T = 0, sample at T > 0)
     delay: int = 0                  # confidence scheduler: use confidences this many steps old
     online: bool = True             # confidence proxy: update from each step's outcomes
+    plain_steps: bool = True        # confidence scheduler: run plain decode steps when drafting would not pay
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -56,7 +57,7 @@ class MethodSpec:
 
 
 def parse_method(text: str) -> MethodSpec:
-    """`name[:key=value,...]` with keys k, sched, path, delay, online (0/1)."""
+    """`name[:key=value,...]` with keys k, sched, path, delay, online (0/1), plain (0/1)."""
     name, _, opts = text.partition(":")
     kw: dict = {}
     for opt in filter(None, opts.split(",")):
@@ -71,9 +72,12 @@ def parse_method(text: str) -> MethodSpec:
             kw["path"] = val
         elif key == "online" and val in ("0", "1"):
             kw["online"] = val == "1"
+        elif key == "plain" and val in ("0", "1"):
+            kw["plain_steps"] = val == "1"
         else:
             raise ValueError(f"method option {opt!r} of {text!r} not understood "
-                             "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1)")
+                             "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1, "
+                             "plain=0|1)")
     return MethodSpec(name, **kw)
 
 
@@ -117,13 +121,14 @@ def step_overhead_seconds(target, drafter, batch_size: int, path: str = "auto", 
 _SPS: dict = {}
 
 
-def step_sps(target, drafter, batch_size: int, path: str = "auto") -> SPSTable:
-    """Whole-step rate SPS(T) = 1 / (target verify forward of T tokens + the step's other work),
-    profiled once per process and batch size (the forward's table is also cached on disk)."""
+def step_sps(target, drafter, batch_size: int, path: str = "auto") -> tuple[SPSTable, SPSTable]:
+    """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
+    step's other work), and the target forward alone (a plain decode step at T = batch
+    size); profiled once per process and batch size (the forward's table also on disk)."""
     key = (id(target), id(drafter), batch_size, path)
     if key not in _SPS:
         forward = profile_sps(target, batch_size, hidden_layers=drafter.config.target_layer_ids)
-        _SPS[key] = forward.with_overhead(step_overhead_seconds(target, drafter, batch_size, path))
+        _SPS[key] = forward.with_overhead(step_overhead_seconds(target, drafter, batch_size, path)), forward
     return _SPS[key]
 
 
@@ -145,8 +150,9 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
                 proxies[temperature] = load_proxy(drafter_dir or data.ASSETS_DIR / "dflash2", temperature,
                                                   device=next(drafter.parameters()).device)
             source = proxies[temperature].for_scheduler(online=spec.online)
-        return ConfidenceScheduler(k_max, step_sps(target, drafter, batch_size, spec.path), delay=spec.delay,
-                                   confidence_fn=source)
+        spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
+        return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
+                                   plain_sps=plain_sps if spec.plain_steps else None)
 
     def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
         return speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
