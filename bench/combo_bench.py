@@ -32,7 +32,7 @@ from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMBO = "dflash2:sched=confidence"
-METHODS = ["ar", "dflash", "dflash:k=3", "dflash2:k=2", "dflash2:k=4", "dflash2", "dspark:sched=confidence", COMBO]
+METHODS = ["ar", "dflash", "dflash:k=3", "dflash2:k=2", "dflash2:k=4", "dflash2", "dspark", "dspark:sched=confidence", COMBO]
 
 
 def label(method: str, gamma: int) -> str:

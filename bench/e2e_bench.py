@@ -113,6 +113,8 @@ def run(args, target=None, methods=None) -> dict:
                    "acceptance_per_position": st.get("acceptance_per_position"),
                    "recall_top1": st.get("recall_top1"), "recall_topk": st.get("recall_topk"),
                    "draft_ms_per_step": st.get("draft_ms_per_step"),
+                   # confidence scheduler: loop steps run plain, and batches decoded plainly at this load
+                   "plain_steps": st.get("plain_steps"), "plain_batches": st.get("plain_batches"),
                    "phase_seconds": st.get("phase_seconds")}
             rows.append(row)
             print(f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
@@ -146,19 +148,20 @@ def _merge(stats: list[dict]) -> dict:
     merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
               "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
               "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0}
-    if "recall_positions" in stats[0]:
-        n = sum(s["recall_positions"] for s in stats)
+    if any("recall_positions" in s for s in stats):
+        n = sum(s.get("recall_positions", 0) for s in stats)
         for key in ("recall_top1", "recall_topk"):
-            merged[key] = sum(s[key] * s["recall_positions"] for s in stats) / max(1, n)
+            merged[key] = sum(s.get(key, 0.0) * s.get("recall_positions", 0) for s in stats) / max(1, n)
     if "drafts_verified" in stats[0]:
-        for key in ("drafts_verified", "drafts_wasted"):
-            merged[key] = sum(s[key] for s in stats)
+        for key in ("drafts_verified", "drafts_wasted", "plain_steps"):
+            merged[key] = sum(s.get(key, 0) for s in stats)
         merged["verified_per_step"] = merged["drafts_verified"] / max(1, steps)
+        merged["plain_batches"] = sum(bool(s.get("plain_batch")) for s in stats)
     if "phase_seconds" in stats[0]:
         merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
         # Drafting time per loop iteration: what DFlash 2's convs and selector add over DFlash.
         merged["draft_ms_per_step"] = 1e3 * merged["phase_seconds"].get("draft", 0.0) / max(1, iters)
-        tried = [s["acceptance_per_position"] for s in stats]
+        tried = [s["acceptance_per_position"] for s in stats if s["acceptance_per_position"]]
         merged["acceptance_per_position"] = [sum(col) / len(col) for col in zip(*tried)]
     return merged
 

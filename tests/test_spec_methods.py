@@ -349,10 +349,35 @@ def test_confidence_scheduler_plain_steps_exact(plain_rate, expect_plain):
         assert st["plain_steps"] == 0 and st["records"]["num_verified"].numel() == st["steps"]
 
 
-def test_wants_draft_probe_cadence():
-    sched = ConfidenceScheduler(3, linear_sps(), plain_sps=SPSTable([1, 100], [1e6, 1e6]), probe_every=4)
-    active = torch.tensor([True, True])
-    assert sched.wants_draft(active)          # no confidences yet
-    sched.schedule(torch.full((2, 3), 0.9), active)
-    assert [sched.wants_draft(active) for _ in range(8)] == [False, False, False, True] * 2
-    assert ConfidenceScheduler(3, linear_sps()).wants_draft(active)  # no plain table: always draft
+def test_wants_draft_follows_mean_confidence_and_load():
+    """Drafting is judged on the mean confidences seen, per active-request count: with these
+    tables one active request gains from speculation (Θ 3.44 > 2) and two do not (6.88 < 8)."""
+    sched = ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [2.0, 4.0]), min_rows=2)
+    one, two = torch.tensor([True, False]), torch.tensor([True, True])
+    assert sched.wants_draft(two)                      # no confidences yet: draft to learn them
+    sched.schedule(torch.full((2, 3), 0.9), two)
+    assert [sched.wants_draft(two) for _ in range(3)] == [False] * 3
+    assert sched.wants_draft(one) and not sched.wants_draft(two)
+    assert ConfidenceScheduler(3, linear_sps()).wants_draft(two)  # no plain table: always draft
+
+
+def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypatch):
+    """make_decoder with the confidence scheduler: a first call speculates and learns the
+    drafter's confidences; when the tables then say no admission beats plain decoding, later
+    batches are decoded plainly (exact, τ = 1); with speculation priced cheap it keeps drafting."""
+    from flashspark.spec import methods
+
+    target = tiny_target(seed=5)
+    d = tiny_dspark(target)
+    prompts = prompts_of([4, 9, 2], 48, seed=5)
+    want, _ = generate(target, prompts, max_new_tokens=20)
+    for plain_rate, speculate in ((1e6, False), (1e-6, True)):
+        tables = (linear_sps(), SPSTable([1, 100], [plain_rate, plain_rate]))
+        monkeypatch.setattr(methods, "step_sps", lambda *a, **k: tables)
+        monkeypatch.setattr(methods, "MIN_PRIOR_ROWS", 3)
+        decode = methods.make_decoder("dspark:sched=confidence", target, d)
+        first, st1 = decode(prompts, 20)     # speculates (no prior yet): at least 3 confidence rows
+        second, st2 = decode(prompts, 20)
+        assert first == want and second == want
+        assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate
+        assert (st2["drafts_verified"] > 0) == speculate and (st2["tau"] == 1.0 or speculate)

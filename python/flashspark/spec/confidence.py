@@ -137,15 +137,17 @@ class ConfidenceScheduler:
 
     `plain_sps` (steps per second of a plain decode step at T tokens) lets the
     scheduler skip drafting altogether: before each step, `wants_draft` compares the
-    best Θ the latest confidences promise (`sps` prices a whole speculative step,
-    drafting included) with the rate of a plain step, n_active · plain_sps(n_active),
-    and drafts only when speculation is expected to win. While it does not draft it
-    re-drafts every `probe_every` steps to refresh the confidences. Without
-    `plain_sps` it always drafts.
+    best Θ the mean confidences so far promise for the active requests (`sps` prices a
+    whole speculative step, drafting included) with the rate of a plain step,
+    n_active · plain_sps(n_active), and drafts only when speculation is expected to
+    win; the comparison is redone when the load changes and every `probe_every`
+    steps, and only once `min_rows` confidence rows (this batch's, plus a `prior` from
+    earlier ones) back the mean. Without `plain_sps` it always drafts.
     """
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, probe_every: int = 64):
+                 plain_sps: SPSTable | None = None, probe_every: int = 64, min_rows: int = 16,
+                 prior: tuple[torch.Tensor, int] | None = None):
         if max_spec_len < 0 or delay < 0 or probe_every < 1:
             raise ValueError("max_spec_len and delay must be >= 0, probe_every >= 1")
         self.max_spec_len = max_spec_len
@@ -156,34 +158,37 @@ class ConfidenceScheduler:
         self.probe_every = probe_every
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
         self._plain_steps = 0
-        self._decision: tuple | None = None  # (confidences, active count, draft?) of the last comparison
+        self._decision: tuple | None = None  # (active count, draft?) of the last comparison
+        # Confidence rows seen (per-position sum, count), seeded by `prior` from earlier batches;
+        # plain steps are considered only once min_rows rows back the mean.
+        self.min_rows = min_rows
+        self._conf_sum, self._conf_rows = (None, 0) if prior is None else (prior[0].clone(), int(prior[1]))
 
     def reset(self) -> None:
         self._history.clear()
         self._plain_steps = 0
         self._decision = None
 
-    def wants_draft(self, active: torch.Tensor) -> bool:
-        """Whether this step should draft (and verify by the schedule), or be a plain decode step."""
-        if self.plain_sps is None or not self._history or self._plain_steps + 1 >= self.probe_every:
-            self._plain_steps = 0
-            return True
-        n = int(active.sum())
-        conf = self._history[-1]
-        if self._decision is None or self._decision[0] is not conf or self._decision[1] != n:
-            # Same confidences and load as last time: same answer, no need to re-sort.
-            _, theta = schedule_tokens(conf, active, self.sps, self.max_spec_len, return_theta=True)
-            self._decision = (conf, n, theta > n * float(self.plain_sps(torch.tensor(max(1, n)))))
-        if self._decision[2]:
-            self._plain_steps = 0
-            return True
-        self._plain_steps += 1
-        return False
-
     @property
     def wants_signals(self) -> bool:
         """Whether the loop must compute DFlash 2 path signals (a confidence proxy reads them)."""
         return bool(getattr(self.confidence_fn, "wants_signals", False))
+
+    def wants_draft(self, active: torch.Tensor) -> bool:
+        """Whether this step should draft (and verify by the schedule), or be a plain decode step.
+
+        Judged on the mean confidences seen so far (one hard block says little about the next),
+        once per active-request count and probe period."""
+        if self.plain_sps is None or self._conf_sum is None or self._conf_rows < self.min_rows:
+            return True
+        n = int(active.sum())
+        if self._decision is None or self._decision[0] != n or self._plain_steps + 1 >= self.probe_every:
+            self._decision = (n, self.expects_gain(self._conf_sum / self._conf_rows, max(1, n)))
+            self._plain_steps = 0
+        if self._decision[1]:
+            return True
+        self._plain_steps += 1
+        return False
 
     def __call__(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
@@ -197,7 +202,26 @@ class ConfidenceScheduler:
         if observe is not None:
             observe(block, num_accepted, num_verified)
 
+    def confidence_totals(self) -> tuple[torch.Tensor | None, int]:
+        """(per-position sum [K'] float64 on the CPU, row count) of every confidence row seen."""
+        return self._conf_sum, self._conf_rows
+
+    def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
+        """Would `batch_size` requests with per-position confidences `confidence` [K'] beat
+        plain decoding? (True without a plain table.) Engines use this to switch speculation
+        off for a whole batch at high load, where even plain steps inside the speculative
+        loop cost more than plain decoding (they keep the drafter's cache up to date)."""
+        if self.plain_sps is None:
+            return True
+        active = torch.ones(batch_size, dtype=torch.bool)
+        _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
+                                   return_theta=True)
+        return theta > batch_size * float(self.plain_sps(torch.tensor(batch_size)))
+
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        rows = confidence.detach().double().cpu()
+        self._conf_sum = rows.sum(0) if self._conf_sum is None else self._conf_sum + rows.sum(0)
+        self._conf_rows += rows.shape[0]
         self._history.append(confidence.detach())
         return schedule_tokens(self._history[0], active, self.sps, self.max_spec_len)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .. import data
+from ..generate import generate
 from .confidence import ConfidenceScheduler, SPSTable, profile_sps
 from .loop import PATH_MODES, speculative_generate
 from .proxy import ConfidenceProxy
@@ -31,6 +32,7 @@ from .schedulers import FixedK
 DRAFTERS = ("dflash", "dflash2", "dspark")
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
+MIN_PRIOR_ROWS = 64  # confidence rows (request-steps) seen before a whole batch may be decoded plainly
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,13 @@ def load_proxy(drafter_dir: str | Path, temperature: float, device=None) -> Conf
 
 
 @torch.no_grad()
-def step_overhead_seconds(target, drafter, batch_size: int, path: str = "auto", context_len: int = 64,
+def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", context_len: int = 64,
                           steps: int = 6) -> float:
-    """Seconds per loop step spent outside the target forward (drafting, scheduling, verify,
-    commit, injection) for `batch_size` requests: measured on a short greedy run with fixed
-    K = γ - 1 on random prompts (no host work here depends on what is decoded)."""
+    """Wall seconds of one whole loop step (draft, verify forward of γ tokens per request,
+    verify, commit, injection) for `batch_size` requests, from a short greedy run with fixed
+    K = γ - 1 on random prompts. Measured inside the loop on purpose: there the drafter and
+    the target take turns and evict each other's weights from the caches, so the target's
+    forward costs more than when it runs alone (as `profile_sps` times it)."""
     g = drafter.block_size
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
@@ -113,9 +117,18 @@ def step_overhead_seconds(target, drafter, batch_size: int, path: str = "auto", 
                                          scheduler=FixedK(g - 1))
     run(2)  # warm-up
     _, st = run(steps * g)
-    iters = max(1.0, st["steps"] / batch_size)
-    ph = st["phase_seconds"]
-    return sum(v for k, v in ph.items() if k not in ("prefill", "target")) / iters
+    return st["decode_seconds"] / max(1.0, st["steps"] / batch_size)
+
+
+def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
+    """Plain decoding with the speculative loop's stats keys (τ = 1, nothing drafted)."""
+    out, st = generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                       eos_id=eos_id)
+    steps = st["new_tokens"]  # one token per request-step
+    return out, st | {"steps": steps, "tau": 1.0, "tau_per_request": [1.0] * len(prompts),
+                      "verified_per_step": 0.0, "drafts_verified": 0, "drafts_wasted": 0,
+                      "acceptance_per_position": [], "plain_steps": st["forwards"], "plain_batch": True,
+                      "phase_seconds": {"prefill": st["prefill_seconds"], "target": st["decode_seconds"]}}
 
 
 _SPS: dict = {}
@@ -123,12 +136,19 @@ _SPS: dict = {}
 
 def step_sps(target, drafter, batch_size: int, path: str = "auto") -> tuple[SPSTable, SPSTable]:
     """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
-    step's other work), and the target forward alone (a plain decode step at T = batch
-    size); profiled once per process and batch size (the forward's table also on disk)."""
+    step's other work, measured in the loop), and the target forward alone (a plain decode
+    step at T = batch size); profiled once per process and batch size (the forward's table
+    also on disk)."""
     key = (id(target), id(drafter), batch_size, path)
     if key not in _SPS:
         forward = profile_sps(target, batch_size, hidden_layers=drafter.config.target_layer_ids)
-        _SPS[key] = forward.with_overhead(step_overhead_seconds(target, drafter, batch_size, path)), forward
+        # Whatever a real step costs beyond the profiled forward of its γ tokens per request
+        # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
+        # per-step overhead of every speculative step.
+        full = batch_size * drafter.block_size
+        step = measured_step_seconds(target, drafter, batch_size, path)
+        overhead = max(0.0, step - 1.0 / float(forward(torch.tensor(full))))
+        _SPS[key] = forward.with_overhead(overhead), forward
     return _SPS[key]
 
 
@@ -141,7 +161,7 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
     k_max = drafter.block_size - 1 if spec.k is None else spec.k
     proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
 
-    def scheduler_for(batch_size: int, temperature: float):
+    def scheduler_for(batch_size: int, temperature: float, prior=None):
         if spec.scheduler == "fixed":
             return FixedK(k_max)
         source = None
@@ -152,12 +172,27 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
             source = proxies[temperature].for_scheduler(online=spec.online)
         spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
         return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
-                                   plain_sps=plain_sps if spec.plain_steps else None)
+                                   plain_sps=plain_sps if spec.plain_steps else None,
+                                   prior=None if prior is None else (prior[0], prior[1]))
+
+    # Per temperature: per-position confidence sums and row count of earlier calls. A batch is
+    # decoded plainly only once MIN_PRIOR_ROWS rows say speculation cannot pay at its size.
+    priors: dict[float, list] = {}
 
     def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
-        return speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    seed=seed, eos_id=eos_id, scheduler=scheduler_for(len(prompts), temperature),
-                                    path=spec.path, record=record)
+        prior = priors.get(temperature)
+        scheduler = scheduler_for(len(prompts), temperature, prior)
+        confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
+        if confident and not record and prior and prior[1] >= MIN_PRIOR_ROWS \
+                and not scheduler.expects_gain(prior[0] / prior[1], len(prompts)):
+            # Speculation is not expected to pay at this load: decode the batch plainly.
+            return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
+        out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
+                                          path=spec.path, record=record)
+        if confident and scheduler.confidence_totals()[1]:
+            priors[temperature] = list(scheduler.confidence_totals())  # the prior plus this batch
+        return out, stats
 
     decode.spec, decode.drafter = spec, drafter
     decode.prepare = scheduler_for  # (batch_size, temperature): profile / load ahead of any timing
