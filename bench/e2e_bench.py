@@ -166,6 +166,19 @@ def _merge(stats: list[dict]) -> dict:
     return merged
 
 
+def style_concurrency_axes(ax, concurrencies, ylabel: str, title: str) -> None:
+    """Log-2 concurrency x axis with plain tick labels, labels, title and grid."""
+    import matplotlib
+
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(concurrencies)))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("concurrency (requests per batch)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -176,13 +189,8 @@ def plot(result: dict, path: Path) -> None:
     for m in result["methods"]:
         pts = [(r["concurrency"], r["tokens_per_s"]) for r in result["results"] if r["method"] == m]
         ax.plot(*zip(*pts), marker="o", label=m)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["concurrency"] for r in result["results"]}))
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("concurrency (requests per batch)")
-    ax.set_ylabel("generated tokens / s")
-    ax.set_title(f"flashspark end to end, T = {result['temperature']:g}, {result['device']}")
-    ax.grid(alpha=0.3)
+    style_concurrency_axes(ax, [r["concurrency"] for r in result["results"]], "generated tokens / s",
+                           f"flashspark end to end, T = {result['temperature']:g}, {result['device']}")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
