@@ -191,3 +191,13 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     k = torch.cat(chosen).float()
     # The per-token cost keeps K below 4 on average, and K varies.
     assert 0.5 < float(k.mean()) < 3.5 and len(set(k.tolist())) >= 3 and stats["steps"] == len(k)
+
+
+def test_conditional_confidences_reproduce_mean_survival():
+    """Correlated blocks (all sure or all unsure): the product of mean c's understates the mean
+    survival; `conditional` returns c's whose product is exactly the mean survival."""
+    conf = torch.tensor([[1.0, 1.0], [0.2, 0.2]], dtype=torch.float64)
+    mean_a = prefix_survival(conf).mean(0)                                   # [0.6, 0.52]
+    c = ConfidenceScheduler.conditional(mean_a)
+    torch.testing.assert_close(c.cumprod(0), mean_a)
+    assert float(conf.mean(0).prod()) < float(mean_a[-1]) - 0.1

@@ -183,7 +183,7 @@ class ConfidenceScheduler:
             return True
         n = int(active.sum())
         if self._decision is None or self._decision[0] != n or self._plain_steps + 1 >= self.probe_every:
-            self._decision = (n, self.expects_gain(self._conf_sum / self._conf_rows, max(1, n)))
+            self._decision = (n, self.expects_gain(self.conditional(self._conf_sum / self._conf_rows), max(1, n)))
             self._plain_steps = 0
         if self._decision[1]:
             return True
@@ -203,8 +203,17 @@ class ConfidenceScheduler:
             observe(block, num_accepted, num_verified)
 
     def confidence_totals(self) -> tuple[torch.Tensor | None, int]:
-        """(per-position sum [K'] float64 on the CPU, row count) of every confidence row seen."""
+        """(per-position sum [K'] of the prefix survivals ∏c, float64 on the CPU, row count) of every
+        confidence row seen."""
         return self._conf_sum, self._conf_rows
+
+    @staticmethod
+    def conditional(mean_survival: torch.Tensor) -> torch.Tensor:
+        """Per-position c̄_k = ā_k / ā_(k-1) of mean prefix survivals ā: the confidences whose
+        product reproduces the mean survival (a product of mean c's would understate it
+        whenever confidences along a block are correlated)."""
+        prev = torch.cat([mean_survival.new_ones(1), mean_survival[:-1]])
+        return (mean_survival / prev.clamp(min=1e-12)).clamp(0.0, 1.0)
 
     def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
         """Would `batch_size` requests with per-position confidences `confidence` [K'] beat
@@ -219,9 +228,9 @@ class ConfidenceScheduler:
         return theta > batch_size * float(self.plain_sps(torch.tensor(batch_size)))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        rows = confidence.detach().double().cpu()
-        self._conf_sum = rows.sum(0) if self._conf_sum is None else self._conf_sum + rows.sum(0)
-        self._conf_rows += rows.shape[0]
+        survival = prefix_survival(confidence.detach().cpu())
+        self._conf_sum = survival.sum(0) if self._conf_sum is None else self._conf_sum + survival.sum(0)
+        self._conf_rows += survival.shape[0]
         self._history.append(confidence.detach())
         return schedule_tokens(self._history[0], active, self.sps, self.max_spec_len)
 

@@ -184,7 +184,7 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
         scheduler = scheduler_for(len(prompts), temperature, prior)
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
         if confident and not record and prior and prior[1] >= MIN_PRIOR_ROWS \
-                and not scheduler.expects_gain(prior[0] / prior[1], len(prompts)):
+                and not scheduler.expects_gain(scheduler.conditional(prior[0] / prior[1]), len(prompts)):
             # Speculation is not expected to pay at this load: decode the batch plainly.
             return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
         out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,

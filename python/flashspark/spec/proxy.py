@@ -40,8 +40,8 @@ def _features(signals: torch.Tensor) -> torch.Tensor:
 class ConfidenceProxy:
     """c_k = sigmoid(w · features(signals_k) + bias[k])."""
 
-    def __init__(self, width: int, device=None, capacity: int = 16384, refit_every: int = 32,
-                 refit_steps: int = 20, lr: float = 0.5):
+    def __init__(self, width: int, device=None, capacity: int = 4096, refit_every: int = 32,
+                 refit_steps: int = 10, lr: float = 0.5):
         self.width = width
         self.weight = torch.zeros(len(SIGNALS), device=device)
         self.bias = torch.zeros(width, device=device)
