@@ -339,7 +339,7 @@ def test_confidence_scheduler_plain_steps_exact(plain_rate, expect_plain):
     prompts = prompts_of([4, 9, 2], 48, seed=5)
     want, _ = generate(target, prompts, max_new_tokens=30)
     plain = SPSTable([1, 100], [plain_rate, plain_rate])
-    sched = ConfidenceScheduler(4, linear_sps(), plain_sps=plain, probe_every=5)
+    sched = ConfidenceScheduler(4, linear_sps(), plain_sps=plain, probe_every=5, min_rows=3)
     got, st = speculative_generate(target, d, prompts, max_new_tokens=30, scheduler=sched, record=True)
     assert got == want
     if expect_plain:

@@ -146,7 +146,7 @@ class ConfidenceScheduler:
     """
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, probe_every: int = 64, min_rows: int = 16,
+                 plain_sps: SPSTable | None = None, probe_every: int = 64, min_rows: int = 64,
                  prior: tuple[torch.Tensor, int] | None = None):
         if max_spec_len < 0 or delay < 0 or probe_every < 1:
             raise ValueError("max_spec_len and delay must be >= 0, probe_every >= 1")

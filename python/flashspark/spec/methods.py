@@ -32,7 +32,9 @@ from .schedulers import FixedK
 DRAFTERS = ("dflash", "dflash2", "dspark")
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
-MIN_PRIOR_ROWS = 64  # confidence rows (request-steps) seen before a whole batch may be decoded plainly
+# Confidence rows (request-steps) that must back the mean before a whole batch is decoded plainly;
+# the same count the scheduler wants before it runs plain steps (ConfidenceScheduler.min_rows).
+MIN_PRIOR_ROWS = 64
 
 
 @dataclass(frozen=True)
