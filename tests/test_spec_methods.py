@@ -333,17 +333,17 @@ def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
 @pytest.mark.parametrize("plain_rate,expect_plain", [(1e6, True), (1e-6, False)])
 def test_confidence_scheduler_plain_steps_exact(plain_rate, expect_plain):
     """When plain decoding is priced faster than any speculative step, the scheduler runs
-    plain decode steps (re-drafting every probe_every steps); output stays exact."""
+    plain decode steps once the confidences back that verdict; output stays exact."""
     target = tiny_target(seed=5)
     d = tiny_dspark(target)
     prompts = prompts_of([4, 9, 2], 48, seed=5)
     want, _ = generate(target, prompts, max_new_tokens=30)
     plain = SPSTable([1, 100], [plain_rate, plain_rate])
-    sched = ConfidenceScheduler(4, linear_sps(), plain_sps=plain, probe_every=5, min_rows=3)
+    sched = ConfidenceScheduler(4, linear_sps(), plain_sps=plain, min_rows=3)
     got, st = speculative_generate(target, d, prompts, max_new_tokens=30, scheduler=sched, record=True)
     assert got == want
     if expect_plain:
-        # Every 5th step drafts (the first too); the rest are plain steps that verify nothing.
+        # The first steps draft (until 3 confidence rows); the rest are plain steps that verify nothing.
         assert st["plain_steps"] >= 0.6 * st["steps"] / 3 and st["records"]["num_verified"].numel() < st["steps"]
     else:
         assert st["plain_steps"] == 0 and st["records"]["num_verified"].numel() == st["steps"]

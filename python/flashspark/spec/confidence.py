@@ -140,24 +140,22 @@ class ConfidenceScheduler:
     best Θ the mean confidences so far promise for the active requests (`sps` prices a
     whole speculative step, drafting included) with the rate of a plain step,
     n_active · plain_sps(n_active), and drafts only when speculation is expected to
-    win; the comparison is redone when the load changes and every `probe_every`
-    steps, and only once `min_rows` confidence rows (this batch's, plus a `prior` from
-    earlier ones) back the mean. Without `plain_sps` it always drafts.
+    win; the comparison is redone when the load changes, and made only once `min_rows`
+    confidence rows (this batch's, plus a `prior` from earlier ones) back the mean.
+    Without `plain_sps` it always drafts.
     """
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, probe_every: int = 64, min_rows: int = 64,
+                 plain_sps: SPSTable | None = None, min_rows: int = 64,
                  prior: tuple[torch.Tensor, int] | None = None):
-        if max_spec_len < 0 or delay < 0 or probe_every < 1:
-            raise ValueError("max_spec_len and delay must be >= 0, probe_every >= 1")
+        if max_spec_len < 0 or delay < 0:
+            raise ValueError("max_spec_len and delay must be >= 0")
         self.max_spec_len = max_spec_len
         self.sps = sps
         self.delay = delay
         self.confidence_fn = confidence_fn
         self.plain_sps = plain_sps
-        self.probe_every = probe_every
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
-        self._plain_steps = 0
         self._decision: tuple | None = None  # (active count, draft?) of the last comparison
         # Confidence rows seen (per-position sum, count), seeded by `prior` from earlier batches;
         # plain steps are considered only once min_rows rows back the mean.
@@ -166,7 +164,6 @@ class ConfidenceScheduler:
 
     def reset(self) -> None:
         self._history.clear()
-        self._plain_steps = 0
         self._decision = None
 
     @property
@@ -178,17 +175,13 @@ class ConfidenceScheduler:
         """Whether this step should draft (and verify by the schedule), or be a plain decode step.
 
         Judged on the mean confidences seen so far (one hard block says little about the next),
-        once per active-request count and probe period."""
+        once per active-request count."""
         if self.plain_sps is None or self._conf_sum is None or self._conf_rows < self.min_rows:
             return True
         n = int(active.sum())
-        if self._decision is None or self._decision[0] != n or self._plain_steps + 1 >= self.probe_every:
+        if self._decision is None or self._decision[0] != n:
             self._decision = (n, self.expects_gain(self.conditional(self._conf_sum / self._conf_rows), max(1, n)))
-            self._plain_steps = 0
-        if self._decision[1]:
-            return True
-        self._plain_steps += 1
-        return False
+        return self._decision[1]
 
     def __call__(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)

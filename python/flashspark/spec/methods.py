@@ -32,8 +32,8 @@ from .schedulers import FixedK
 DRAFTERS = ("dflash", "dflash2", "dspark")
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
-# Confidence rows (request-steps) that must back the mean before a whole batch is decoded plainly;
-# the same count the scheduler wants before it runs plain steps (ConfidenceScheduler.min_rows).
+# Confidence rows (request-steps) that must back the mean before a decoder's scheduler runs plain
+# steps (ConfidenceScheduler.min_rows) or decodes a whole batch plainly.
 MIN_PRIOR_ROWS = 64
 
 
@@ -174,7 +174,7 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
             source = proxies[temperature].for_scheduler(online=spec.online)
         spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
         return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
-                                   plain_sps=plain_sps if spec.plain_steps else None,
+                                   plain_sps=plain_sps if spec.plain_steps else None, min_rows=MIN_PRIOR_ROWS,
                                    prior=None if prior is None else (prior[0], prior[1]))
 
     # Per temperature: per-position confidence sums and row count of earlier calls. A batch is
@@ -185,7 +185,7 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
         prior = priors.get(temperature)
         scheduler = scheduler_for(len(prompts), temperature, prior)
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
-        if confident and not record and prior and prior[1] >= MIN_PRIOR_ROWS \
+        if confident and not record and prior and prior[1] >= scheduler.min_rows \
                 and not scheduler.expects_gain(scheduler.conditional(prior[0] / prior[1]), len(prompts)):
             # Speculation is not expected to pay at this load: decode the batch plainly.
             return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
