@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
-from flashspark.spec.confidence import (ConfidenceScheduler, SPSTable, prefix_survival, profile_sps,
+from flashspark.spec.confidence import (ConfidenceScheduler, SPSTable, conditional, prefix_survival, profile_sps,
                                         schedule_tokens)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -198,6 +198,6 @@ def test_conditional_confidences_reproduce_mean_survival():
     survival; `conditional` returns c's whose product is exactly the mean survival."""
     conf = torch.tensor([[1.0, 1.0], [0.2, 0.2]], dtype=torch.float64)
     mean_a = prefix_survival(conf).mean(0)                                   # [0.6, 0.52]
-    c = ConfidenceScheduler.conditional(mean_a)
+    c = conditional(mean_a)
     torch.testing.assert_close(c.cumprod(0), mean_a)
     assert float(conf.mean(0).prod()) < float(mean_a[-1]) - 0.1

@@ -361,6 +361,45 @@ def test_wants_draft_follows_mean_confidence_and_load():
     assert ConfidenceScheduler(3, linear_sps()).wants_draft(two)  # no plain table: always draft
 
 
+def test_confidence_stats_recalibrate_from_outcomes():
+    """ρ_k = observed / predicted survival of the verified slots (shrunk toward 1) scales the
+    predictions; unverified slots teach nothing; corrected survivals stay non-increasing in [0, 1]."""
+    from flashspark.spec.confidence import ConfidenceStats
+
+    st = ConfidenceStats(3)
+    survival = torch.tensor([[0.9, 0.8, 0.4]]).expand(100, 3)
+    st.add_rows(survival)
+    # Every block verifies 2 drafts; half accept both, half reject the first.
+    n_acc = torch.tensor([2, 0]).repeat(50)
+    st.add_outcomes(survival, n_acc, torch.full((100,), 2))
+    s = st.RATIO_STRENGTH
+    want = torch.tensor([(50 + s) / (90 + s), (50 + s) / (80 + s), 1.0], dtype=torch.float64)
+    torch.testing.assert_close(st.ratio(), want)
+    corrected = st.mean_survival()
+    torch.testing.assert_close(corrected[:2], torch.tensor([0.9, 0.8], dtype=torch.float64) * want[:2])
+    assert corrected[2] <= corrected[1] and bool((corrected >= 0).all())  # position 3 never verified: ρ = 1, capped
+    # A prior keeps its means and (up to the shrinkage) its ratio at any weight; round trip through JSON.
+    w = st.scaled(10)
+    assert w.rows == 10 and torch.allclose(w.survival / w.rows, st.survival / st.rows)
+    assert torch.allclose(ConfidenceStats.from_dict(st.to_dict()).ratio(), st.ratio())
+
+
+def test_scheduler_learns_overconfidence_online():
+    """A source that claims 0.95 per token while verification accepts nothing: after a few
+    steps' outcomes the scheduler admits fewer drafts, and with a plain table it stops drafting."""
+    sps = SPSTable([2, 16], [1.0, 0.25])  # a step of 2 requests: 1/s verifying nothing, 4 s verifying 14 drafts
+    sched = ConfidenceScheduler(7, sps, plain_sps=SPSTable([1, 100], [1.0, 1.0]), min_rows=4)
+    active = torch.ones(2, dtype=torch.bool)
+    conf = torch.full((2, 7), 0.95)
+    first = sched.schedule(conf, active)
+    assert int(first.sum()) > 0 and sched.wants_draft(active)
+    for _ in range(30):
+        k_b = sched.schedule(conf, active)
+        sched.observe(None, torch.zeros(2, dtype=torch.int64), k_b.clamp(min=1))
+    assert int(sched.schedule(conf, active).sum()) < int(first.sum())
+    assert not sched.wants_draft(active)
+
+
 def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypatch):
     """make_decoder with the confidence scheduler: a first call speculates and learns the
     drafter's confidences; when the tables then say no admission beats plain decoding, later
@@ -380,4 +419,5 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
         second, st2 = decode(prompts, 20)
         assert first == want and second == want
         assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate
-        assert (st2["drafts_verified"] > 0) == speculate and (st2["tau"] == 1.0 or speculate)
+        # Speculating, the loop drafts every step (what it verifies is the recalibrated schedule's call).
+        assert (st2["plain_steps"] == 0) == speculate and (st2["tau"] == 1.0 or speculate)

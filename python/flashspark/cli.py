@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_dflash2(train_sub)
     add_train_dspark(train_sub)
     add_generate(sub)
-    from .spec.cli import add_fit_proxy
+    from .spec.cli import add_fit_prior, add_fit_proxy
 
     add_fit_proxy(sub)
+    add_fit_prior(sub)
     return parser
 
 

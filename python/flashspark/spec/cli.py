@@ -1,4 +1,4 @@
-"""Command-line glue for speculative decoding: `train dflash`, `fit-proxy` and
+"""Command-line glue for speculative decoding: `train dflash`, `fit-proxy`, `fit-prior` and
 `generate --method dflash|dflash2|dspark`, registered from `flashspark.cli`."""
 
 from __future__ import annotations
@@ -158,6 +158,71 @@ def add_fit_proxy(sub) -> None:
     p.set_defaults(func=run_fit_proxy)
 
 
+def add_fit_prior(sub) -> None:
+    """`python -m flashspark fit-prior ...`"""
+    p = sub.add_parser("fit-prior", help="measure a drafter's confidences against its verify outcomes in the loop on "
+                                         "the calibration prompts, and save them as its confidence scheduler's prior")
+    p.add_argument("drafter", choices=["dflash2", "dspark"], help="whose confidences: DSpark's head or the DFlash 2 "
+                                                                 "proxy (fit the proxy first: fit-proxy)")
+    p.add_argument("--drafter-dir", default=None, help="drafter directory (default: the shipped one)")
+    p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
+    p.add_argument("--prompts", type=int, default=64, help="calibration prompts per task (default %(default)s)")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=run_fit_prior)
+
+
+def calibration_prompts(per_task: int, prompt_tokens: int) -> list[list[int]]:
+    """The calibration prompt set of every task (see `data.heldout_prompts`)."""
+    from .. import data
+
+    tok = data.load_tokenizer()
+    return [p for task in data.TASKS
+            for p in data.heldout_prompts(task, per_task, prompt_tokens, tok, prompt_set="calibration")]
+
+
+def run_fit_prior(args) -> int:
+    """Decode the calibration prompts with fixed K = γ - 1 (every draft verified, so every outcome
+    is seen) and keep, per temperature, the confidence stats a scheduler starts from: mean predicted
+    prefix survival and predicted against observed survival (`ConfidenceStats`)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from .. import data
+    from ..models import load_model
+    from .confidence import ConfidenceStats, prefix_survival
+    from .methods import PRIOR_FILE, load_proxy, make_decoder
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    drafter_dir = Path(args.drafter_dir) if args.drafter_dir else data.ASSETS_DIR / args.drafter
+    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=torch.float32)
+    decode = make_decoder(args.drafter, target, drafter_dir=drafter_dir)
+    prompts = calibration_prompts(args.prompts, args.prompt_tokens)
+    report = {"command": getattr(args, "command_line", ""), "prompts": len(prompts), "prompt_set": "calibration",
+              "max_new_tokens": args.max_new_tokens, "temperatures": {}}
+    for t in args.temperatures:
+        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size)
+        conf = rec["confidence"] if args.drafter == "dspark" else load_proxy(drafter_dir, t)(rec["signals"])
+        survival = prefix_survival(conf.double())
+        stats = ConfidenceStats(survival.shape[1])
+        stats.add_rows(survival)
+        stats.add_outcomes(survival, rec["num_accepted"], rec["num_verified"])
+        predicted, observed = stats.survival / stats.rows, stats.observed / stats.rows
+        report["temperatures"][f"{t:g}"] = {"stats": stats.to_dict(), "mean_survival_predicted": predicted.tolist(),
+                                            "mean_survival_observed": observed.tolist()}
+        print(f"T={t:g}: {stats.rows} request-steps; expected accepted drafts per block "
+              f"{float(predicted.sum()):.2f} predicted, {float(observed.sum()):.2f} observed", file=sys.stderr)
+    (drafter_dir / PRIOR_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"saved {drafter_dir / PRIOR_FILE}", file=sys.stderr)
+    return 0
+
+
 def collect_records(decode, prompts: list[list[int]], max_new_tokens: int, temperature: float,
                     batch_size: int, seed: int = 0) -> dict:
     """Per request-step confidences / signals and verify outcomes of `decode` over `prompts`."""
@@ -192,9 +257,7 @@ def run_fit_proxy(args) -> int:
     target = load_model(args.model or data.ASSETS_DIR / "target", dtype=torch.float32)
     decode = make_decoder("dflash2", target, drafter_dir=drafter_dir)
     width = decode.drafter.block_size - 1
-    tok = data.load_tokenizer()
-    prompts = [p for task in data.TASKS
-               for p in data.heldout_prompts(task, args.prompts, args.prompt_tokens, tok, prompt_set="calibration")]
+    prompts = calibration_prompts(args.prompts, args.prompt_tokens)
     report = {"command": getattr(args, "command_line", ""), "prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens, "prompt_set": "calibration", "temperatures": {}}
     for t in args.temperatures:

@@ -123,6 +123,99 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     return (k_b.to(device), float(theta[m])) if return_theta else k_b.to(device)
 
 
+class ConfidenceStats:
+    """What a scheduler has learnt about a confidence source, as per-position sums over a
+    block's draft positions 1..K':
+
+    * `survival`: the predicted prefix survival ∏c of every scheduled row (`rows` of them),
+      whose mean says how much a typical block is worth;
+    * `predicted` / `observed`: over the verified slots only, predicted survival against
+      whether the prefix was in fact accepted. Their ratio ρ_k recalibrates the source online:
+      a head calibrated on other text or at another temperature (DSpark's, fitted teacher-forced
+      on code at T = 0, is overconfident at T = 1) is pulled toward what verification shows.
+
+    Sums (not means) so that a prior from earlier batches or a shipped calibration run adds
+    to this batch's rows; `scaled` weighs a prior down to a number of rows.
+    """
+
+    RATIO_STRENGTH = 4.0  # pseudo-observations of ρ = 1 per position: a few outcomes cannot swing it
+
+    def __init__(self, width: int):
+        z = lambda: torch.zeros(width, dtype=torch.float64)  # noqa: E731
+        self.survival, self.predicted, self.observed = z(), z(), z()
+        self.rows, self.version = 0, 0
+
+    @property
+    def width(self) -> int:
+        return self.survival.numel()
+
+    def add_rows(self, survival: torch.Tensor) -> None:
+        """Predicted prefix survivals [R, K'] of R scheduled rows."""
+        self.survival += survival.detach().double().cpu().sum(0)
+        self.rows += survival.shape[0]
+        self.version += 1
+
+    def add_outcomes(self, survival: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
+        """Predicted survivals [B, K'] of a step's blocks and their outcomes [B]: slot k (0-based)
+        was verified iff k < num_verified, its prefix accepted iff k < num_accepted."""
+        k = torch.arange(self.width)
+        seen = k < num_verified.cpu()[:, None]
+        ok = (k < num_accepted.cpu()[:, None]) & seen
+        self.predicted += (survival.detach().double().cpu() * seen).sum(0)
+        self.observed += ok.sum(0).double()
+        self.version += 1
+
+    def ratio(self) -> torch.Tensor:
+        """ρ [K'] = observed / predicted survival of the verified slots, shrunk toward 1."""
+        s = self.RATIO_STRENGTH
+        return (self.observed + s) / (self.predicted + s)
+
+    def correct(self, survival: torch.Tensor) -> torch.Tensor:
+        """Recalibrated prefix survivals [..., K']: scaled by ρ, kept in [0, 1] and non-increasing."""
+        a = (survival.double().cpu() * self.ratio()).clamp(0.0, 1.0)
+        return torch.cummin(a, -1).values
+
+    def mean_survival(self) -> torch.Tensor:
+        """Recalibrated mean prefix survival [K'] of the rows seen (NaN without rows)."""
+        return self.correct(self.survival / self.rows) if self.rows else torch.full((self.width,), float("nan"))
+
+    def scaled(self, rows: int) -> "ConfidenceStats":
+        """A copy weighing as much as `rows` rows (as a prior): the same means and, up to its
+        shrinkage toward 1, the same ρ."""
+        out = self.copy()
+        if self.rows:
+            f = rows / self.rows
+            out.survival, out.predicted, out.observed = self.survival * f, self.predicted * f, self.observed * f
+            out.rows = rows
+        return out
+
+    def copy(self) -> "ConfidenceStats":
+        out = ConfidenceStats(self.width)
+        out.survival, out.predicted, out.observed = self.survival.clone(), self.predicted.clone(), self.observed.clone()
+        out.rows = self.rows
+        return out
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "survival": self.survival.tolist(), "predicted": self.predicted.tolist(),
+                "observed": self.observed.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ConfidenceStats":
+        out = cls(len(d["survival"]))
+        out.rows = int(d["rows"])
+        out.survival, out.predicted, out.observed = (torch.tensor(d[k], dtype=torch.float64)
+                                                     for k in ("survival", "predicted", "observed"))
+        return out
+
+
+def conditional(mean_survival: torch.Tensor) -> torch.Tensor:
+    """Per-position c_k = a_k / a_(k-1) of prefix survivals a [..., K]: the confidences whose
+    product reproduces them (a product of mean c's would understate a mean survival whenever
+    confidences along a block are correlated)."""
+    prev = torch.cat([torch.ones_like(mean_survival[..., :1]), mean_survival[..., :-1]], -1)
+    return (mean_survival / prev.clamp(min=1e-12)).clamp(0.0, 1.0)
+
+
 class ConfidenceScheduler:
     """Scheduler for the speculative loop (`spec.schedulers` interface): call it with the
     step's `ScheduleState`; it reads per-token confidences [B, γ - 1] from
@@ -132,22 +225,24 @@ class ConfidenceScheduler:
     confidence proxy (`ConfidenceProxy.for_scheduler()`), which also hears each step's
     outcomes through `observe`.
 
+    Confidences are recalibrated online before use (`ConfidenceStats.correct`): each step's
+    verify outcomes update the observed / predicted survival ratio per position.
+
     `delay` = 2 uses the confidences of two steps earlier, as engines do so that
     scheduling adds no latency (the first steps use the oldest confidences they have).
 
     `plain_sps` (steps per second of a plain decode step at T tokens) lets the
     scheduler skip drafting altogether: before each step, `wants_draft` compares the
-    best Θ the mean confidences so far promise for the active requests (`sps` prices a
-    whole speculative step, drafting included) with the rate of a plain step,
-    n_active · plain_sps(n_active), and drafts only when speculation is expected to
-    win; the comparison is redone when the load changes, and made only once `min_rows`
-    confidence rows (this batch's, plus a `prior` from earlier ones) back the mean.
-    Without `plain_sps` it always drafts.
+    best Θ the recalibrated mean confidences so far promise for the active requests
+    (`sps` prices a whole speculative step, drafting included) with the rate of a plain
+    step, n_active · plain_sps(n_active), and drafts only when speculation is expected to
+    win; the comparison is made only once `min_rows` confidence rows (this batch's, plus a
+    `prior` from earlier ones or a calibration run) back the mean. Without `plain_sps` it
+    always drafts.
     """
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, min_rows: int = 64,
-                 prior: tuple[torch.Tensor, int] | None = None):
+                 plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
         self.max_spec_len = max_spec_len
@@ -155,12 +250,11 @@ class ConfidenceScheduler:
         self.delay = delay
         self.confidence_fn = confidence_fn
         self.plain_sps = plain_sps
-        self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
-        self._decision: tuple | None = None  # (active count, draft?) of the last comparison
-        # Confidence rows seen (per-position sum, count), seeded by `prior` from earlier batches;
-        # plain steps are considered only once min_rows rows back the mean.
         self.min_rows = min_rows
-        self._conf_sum, self._conf_rows = (None, 0) if prior is None else (prior[0].clone(), int(prior[1]))
+        self.stats = None if prior is None else prior.copy()
+        self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
+        self._last: torch.Tensor | None = None     # survival of the step being verified (for observe)
+        self._decision: tuple | None = None        # (active count, stats version, draft?) of the last verdict
 
     def reset(self) -> None:
         self._history.clear()
@@ -174,14 +268,15 @@ class ConfidenceScheduler:
     def wants_draft(self, active: torch.Tensor) -> bool:
         """Whether this step should draft (and verify by the schedule), or be a plain decode step.
 
-        Judged on the mean confidences seen so far (one hard block says little about the next),
-        once per active-request count."""
-        if self.plain_sps is None or self._conf_sum is None or self._conf_rows < self.min_rows:
+        Judged on the recalibrated mean confidences seen so far (one hard block says little
+        about the next); redone when the load or what has been learnt changes."""
+        if self.plain_sps is None or self.stats is None or self.stats.rows < self.min_rows:
             return True
         n = int(active.sum())
-        if self._decision is None or self._decision[0] != n:
-            self._decision = (n, self.expects_gain(self.conditional(self._conf_sum / self._conf_rows), max(1, n)))
-        return self._decision[1]
+        if self._decision is None or self._decision[:2] != (n, self.stats.version):
+            self._decision = (n, self.stats.version,
+                              self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)))
+        return self._decision[2]
 
     def __call__(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
@@ -190,23 +285,17 @@ class ConfidenceScheduler:
         return self.schedule(conf, state.active)
 
     def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
-        """The loop reports each step's outcomes; a confidence source that learns online hears them."""
+        """The loop reports each step's outcomes: they recalibrate the confidences, and a
+        confidence source that learns online hears them too."""
+        if self._last is not None and self.stats is not None:
+            self.stats.add_outcomes(self._last, num_accepted, num_verified)
         observe = getattr(self.confidence_fn, "observe", None)
         if observe is not None:
             observe(block, num_accepted, num_verified)
 
-    def confidence_totals(self) -> tuple[torch.Tensor | None, int]:
-        """(per-position sum [K'] of the prefix survivals ∏c, float64 on the CPU, row count) of every
-        confidence row seen."""
-        return self._conf_sum, self._conf_rows
-
-    @staticmethod
-    def conditional(mean_survival: torch.Tensor) -> torch.Tensor:
-        """Per-position c̄_k = ā_k / ā_(k-1) of mean prefix survivals ā: the confidences whose
-        product reproduces the mean survival (a product of mean c's would understate it
-        whenever confidences along a block are correlated)."""
-        prev = torch.cat([mean_survival.new_ones(1), mean_survival[:-1]])
-        return (mean_survival / prev.clamp(min=1e-12)).clamp(0.0, 1.0)
+    def confidence_stats(self) -> ConfidenceStats | None:
+        """Everything learnt so far (the prior plus this scheduler's rows and outcomes)."""
+        return self.stats
 
     def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
         """Would `batch_size` requests with per-position confidences `confidence` [K'] beat
@@ -222,10 +311,13 @@ class ConfidenceScheduler:
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         survival = prefix_survival(confidence.detach().cpu())
-        self._conf_sum = survival.sum(0) if self._conf_sum is None else self._conf_sum + survival.sum(0)
-        self._conf_rows += survival.shape[0]
-        self._history.append(confidence.detach())
-        return schedule_tokens(self._history[0], active, self.sps, self.max_spec_len)
+        if self.stats is None:
+            self.stats = ConfidenceStats(survival.shape[1])
+        self.stats.add_rows(survival[active.cpu()])
+        self._last = survival
+        self._history.append(survival)
+        return schedule_tokens(conditional(self.stats.correct(self._history[0])), active, self.sps,
+                               self.max_spec_len)
 
     def __repr__(self) -> str:
         return f"ConfidenceScheduler(max_spec_len={self.max_spec_len}, delay={self.delay})"

@@ -24,7 +24,7 @@ import torch
 
 from .. import data
 from ..generate import generate
-from .confidence import ConfidenceScheduler, SPSTable, profile_sps
+from .confidence import ConfidenceScheduler, ConfidenceStats, SPSTable, conditional, profile_sps
 from .loop import PATH_MODES, speculative_generate
 from .proxy import ConfidenceProxy
 from .schedulers import FixedK
@@ -32,9 +32,13 @@ from .schedulers import FixedK
 DRAFTERS = ("dflash", "dflash2", "dspark")
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
+PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confidence stats per temperature
 # Confidence rows (request-steps) that must back the mean before a decoder's scheduler runs plain
 # steps (ConfidenceScheduler.min_rows) or decodes a whole batch plainly.
 MIN_PRIOR_ROWS = 64
+# Weight, in rows, of the shipped prior: enough to judge a first batch, little enough that a
+# batch or two of other text (and its verify outcomes) moves the estimate.
+SHIPPED_PRIOR_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,20 @@ def load_proxy(drafter_dir: str | Path, temperature: float, device=None) -> Conf
     return ConfidenceProxy.load(Path(drafter_dir) / PROXY_FILES[key], device=device)
 
 
+def load_prior(drafter_dir: str | Path, temperature: float) -> ConfidenceStats | None:
+    """The scheduler prior shipped with a drafter (measured in the loop on the calibration
+    prompts at the temperature nearest `temperature`), weighted as SHIPPED_PRIOR_ROWS rows;
+    None if the drafter has none."""
+    import json
+
+    path = Path(drafter_dir) / PRIOR_FILE
+    if not path.is_file():
+        return None
+    per_t = json.loads(path.read_text())["temperatures"]
+    key = min(per_t, key=lambda t: abs(float(t) - temperature))
+    return ConfidenceStats.from_dict(per_t[key]["stats"]).scaled(SHIPPED_PRIOR_ROWS)
+
+
 @torch.no_grad()
 def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", context_len: int = 64,
                           steps: int = 6) -> float:
@@ -159,11 +177,13 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
     for a method. `decode.prepare(batch_size, temperature)` does the one-off work of a confidence
     scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it."""
     spec = parse_method(spec) if isinstance(spec, str) else spec
+    # The shipped prior belongs to the shipped drafter: a drafter passed in gets one only from its directory.
+    prior_dir = drafter_dir or (data.ASSETS_DIR / spec.drafter if drafter is None else None)
     drafter = drafter or load_method_drafter(spec.drafter, target, drafter_dir)
     k_max = drafter.block_size - 1 if spec.k is None else spec.k
     proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
 
-    def scheduler_for(batch_size: int, temperature: float, prior=None):
+    def scheduler_for(batch_size: int, temperature: float, prior: ConfidenceStats | None = None):
         if spec.scheduler == "fixed":
             return FixedK(k_max)
         source = None
@@ -175,25 +195,29 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
         spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
         return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
                                    plain_sps=plain_sps if spec.plain_steps else None, min_rows=MIN_PRIOR_ROWS,
-                                   prior=None if prior is None else (prior[0], prior[1]))
+                                   prior=prior)
 
-    # Per temperature: per-position confidence sums and row count of earlier calls. A batch is
-    # decoded plainly only once MIN_PRIOR_ROWS rows say speculation cannot pay at its size.
-    priors: dict[float, list] = {}
+    # Per temperature: the confidence stats (mean survival, online recalibration) of the shipped
+    # prior and earlier calls. A batch is decoded plainly when MIN_PRIOR_ROWS rows of them say
+    # speculation cannot pay at its size.
+    priors: dict[float, ConfidenceStats | None] = {}
+    confident_method = spec.scheduler == "confidence"
 
     def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
-        prior = priors.get(temperature)
+        if temperature not in priors:
+            priors[temperature] = load_prior(prior_dir, temperature) if confident_method and prior_dir else None
+        prior = priors[temperature]
         scheduler = scheduler_for(len(prompts), temperature, prior)
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
-        if confident and not record and prior and prior[1] >= scheduler.min_rows \
-                and not scheduler.expects_gain(scheduler.conditional(prior[0] / prior[1]), len(prompts)):
+        if confident and not record and prior is not None and prior.rows >= scheduler.min_rows \
+                and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts)):
             # Speculation is not expected to pay at this load: decode the batch plainly.
             return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
         out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
                                           temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
                                           path=spec.path, record=record)
-        if confident and scheduler.confidence_totals()[1]:
-            priors[temperature] = list(scheduler.confidence_totals())  # the prior plus this batch
+        if confident and scheduler.confidence_stats() is not None:
+            priors[temperature] = scheduler.confidence_stats()  # the prior plus this batch
         return out, stats
 
     decode.spec, decode.drafter = spec, drafter
