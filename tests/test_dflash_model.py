@@ -117,6 +117,27 @@ def test_block_attention_sdpa_matches_oracle(ctx_lens):
     torch.testing.assert_close(block_attention_sdpa(q, kc, vc, lens, kb, vb, 0.25), want, atol=1e-5, rtol=1e-5)
 
 
+def test_head_dtype_runs_the_head_in_that_dtype_at_inference():
+    """head_dtype = bf16: inference logits are those of bf16 inputs and weights (close to fp32),
+    the weight copy follows in-place updates of the shared head, and with gradients the
+    head stays in the hidden dtype (training is unaffected)."""
+    target = tiny_target()
+    d = tiny_drafter(target)
+    h = torch.randn(3, 5, target.config.hidden_size)
+    full = d.logits(h)
+    d.head_dtype = torch.bfloat16
+    with torch.no_grad():
+        half = d.logits(h)
+        want = torch.nn.functional.linear(h.bfloat16(), target.lm_head.weight.bfloat16()).float()
+        assert half.dtype == torch.float32 and torch.equal(half, want) and not torch.equal(half, full)
+        torch.testing.assert_close(half, full, atol=0.05 * float(full.abs().max()), rtol=0)
+        target.lm_head.weight.mul_(2)  # the cached bf16 copy must not go stale
+        torch.testing.assert_close(d.logits(h), 2 * half, atol=1e-2 * float(half.abs().max()), rtol=0)
+        target.lm_head.weight.div_(2)
+    h.requires_grad_(True)
+    torch.testing.assert_close(d.logits(h), full)
+
+
 def test_save_load_round_trip(tmp_path):
     target = tiny_target()
     d = tiny_drafter(target)

@@ -166,6 +166,9 @@ class DFlashDrafter(nn.Module):
             config.max_position_embeddings + 2 * config.block_size, config.head_dim, config.rope_theta), persistent=False)
         self._rope = None  # cos, sin tables expanded for apply_rope, built on first use
         self._shared: dict[str, torch.Tensor] = {}  # the target's embedding / LM head (attach); never saved
+        # Inference may run the LM head in another dtype (`head_dtype`); its weight copy is cached here.
+        self.head_dtype: torch.dtype | None = None
+        self._head_copy: tuple | None = None
         if target is not None:
             self.attach(target)
 
@@ -225,8 +228,19 @@ class DFlashDrafter(nn.Module):
         return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Shared LM head on final-normed block states."""
-        return F.linear(hidden, self.head_weight.to(hidden.dtype)).float()
+        """Shared LM head on final-normed block states, fp32 logits.
+
+        With `head_dtype` set (and no gradient wanted) the head runs in that dtype: on a CPU
+        with bf16 dot-product units a bf16 head reads half the bytes and runs about twice as
+        fast, and the head is the drafter's largest matmul. Drafts only steer speculation;
+        the target's verify keeps the output exact whatever the drafter computes in."""
+        w = self.head_weight
+        if self.head_dtype is None or self.head_dtype == hidden.dtype or torch.is_grad_enabled():
+            return F.linear(hidden, w.to(hidden.dtype)).float()
+        key = (w.data_ptr(), w._version, self.head_dtype)
+        if self._head_copy is None or self._head_copy[0] != key:
+            self._head_copy = (key, w.detach().to(self.head_dtype))
+        return F.linear(hidden.to(self.head_dtype), self._head_copy[1]).float()
 
     # ------------------------------------------------------------ training form
     def forward(self, target_hidden: torch.Tensor, block_tokens: torch.Tensor, block_positions: torch.Tensor,

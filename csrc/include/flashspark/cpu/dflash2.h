@@ -59,28 +59,31 @@ struct PathSerialBackend {
   const PathParams<T>& p;
   bool leader() const { return true; }
   int32_t broadcast(int32_t v) const { return v; }
-  // S(a, b) = U(b) + <A[a] ⊙ g, B[b]>: A[a] ⊙ g once per predecessor, then one vectorized
-  // dot per candidate (the same sum as path_pair_score, in the dot's order); ranks above
-  // the stack buffers take the scalar path_pair_score.
+  // S(a, b) = U(b) + <A[a] ⊙ g, B[b]>: the K candidate rows of B transposed once into a
+  // [rank, 16] panel, then per predecessor A[a] ⊙ g times the panel (vecmat16): every
+  // score summed in order of the rank index, like path_pair_score. Ranks above the panel
+  // and K above 16 take the scalar path_pair_score.
   static constexpr int32_t kMaxPathRank = 512;
+  static constexpr int32_t kPanel = 16;
   void pair_scores(int64_t rt, const int32_t* prev, int32_t n_prev, float* out) const {
     const int32_t* cand = p.cand_ids + rt * p.k;
     const float* unary = p.unary + rt * p.k;
-    if (p.rank > kMaxPathRank) {
+    if (p.rank > kMaxPathRank || p.k > kPanel) {
       for (int32_t a = 0; a < n_prev; ++a)
         for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
       return;
     }
     const T* gr = p.g + rt * p.rank;
-    float ag[kMaxPathRank], br[kMaxPathRank];
+    float panel[kMaxPathRank * kPanel], ag[kMaxPathRank], row[kPanel];
+    for (int32_t b = 0; b < kPanel; ++b) {
+      const T* brow = b < p.k ? p.b_emb + int64_t(cand[b]) * p.rank : nullptr;
+      for (int32_t i = 0; i < p.rank; ++i) panel[i * kPanel + b] = brow ? to_float(brow[i]) : 0.f;
+    }
     for (int32_t a = 0; a < n_prev; ++a) {
       const T* ar = p.a_emb + int64_t(prev[a]) * p.rank;
       for (int32_t i = 0; i < p.rank; ++i) ag[i] = to_float(ar[i]) * to_float(gr[i]);
-      for (int32_t b = 0; b < p.k; ++b) {
-        const T* brow = p.b_emb + int64_t(cand[b]) * p.rank;
-        for (int32_t i = 0; i < p.rank; ++i) br[i] = to_float(brow[i]);
-        out[a * p.k + b] = unary[b] + dot(p.rank, ag, br);
-      }
+      vecmat16(p.rank, ag, panel, row);
+      for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = unary[b] + row[b];
     }
   }
 };

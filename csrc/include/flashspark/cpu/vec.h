@@ -41,6 +41,20 @@ FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float
   return acc;
 }
 
+// out[j] = sum_i s[i] * m[i * 16 + j] for the 16 columns j of m [n, 16], each column
+// summed in order of i: a row vector times a narrow matrix, one broadcast multiply-add
+// per row of m and no horizontal reduction.
+FS_CPU_CLONES static void vecmat16(int64_t n, const float* __restrict s, const float* __restrict m,
+                                   float* __restrict out) {
+  float acc[16] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    const float si = s[i];
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) acc[j] += si * m[i * 16 + j];
+  }
+  for (int j = 0; j < 16; ++j) out[j] = acc[j];
+}
+
 // max_i x[i] (-inf for n = 0).
 FS_CPU_CLONES static float max_of(int64_t n, const float* __restrict x) {
   float m = -__builtin_inff();
