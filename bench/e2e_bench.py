@@ -82,20 +82,21 @@ def run(args, target=None, methods=None) -> dict:
         # Every row decodes the same prompts (batches of c), so rows differ only by method and
         # concurrency, and low concurrency is not a few prompts' luck.
         batches = [prompts[i:i + c] for i in range(0, len(prompts), c)]
-        plain_out, plain_tps = None, None
-        for spec, decode in methods.items():
-            best, times = None, []
-            for r in range(args.repeats):
+        # Repeats go round-robin over the methods: a slow spell of a shared machine then lands on
+        # every method instead of on whichever one was running.
+        runs: dict[str, list] = {spec: [] for spec in methods}
+        for r in range(args.repeats):
+            for spec, decode in methods.items():
                 outs, sts = [], []
                 for batch in batches:
                     out, st = decode(batch, args.max_new_tokens, args.temperature, r)
                     outs += out
                     sts.append(st)
-                st = _merge(sts)
-                times.append(st["seconds"])
-                if best is None or st["seconds"] < best[1]["seconds"]:
-                    best = (outs, st)
-            out, st = best
+                runs[spec].append((outs, _merge(sts)))
+        plain_out, plain_tps = None, None
+        for spec in methods:
+            times = [st["seconds"] for _, st in runs[spec]]
+            out, st = min(runs[spec], key=lambda run: run[1]["seconds"])  # best of the repeats
             tau = st["tau"]
             if spec == "ar":
                 plain_out, plain_tps = out, st["tokens_per_s"]
