@@ -400,6 +400,32 @@ def test_scheduler_learns_overconfidence_online():
     assert not sched.wants_draft(active)
 
 
+def test_scheduler_prices_steps_by_the_clock(monkeypatch):
+    """Steps that take 3x the seconds the table predicts (as when requests finish early and
+    leave steps that cost as much but commit less) turn a predicted gain into plain steps;
+    steps as fast as predicted keep drafting. Loop iterations are timed between wants_draft calls."""
+    from flashspark.spec import confidence
+
+    clock = [0.0]
+    monkeypatch.setattr(confidence.time, "perf_counter", lambda: clock[0])
+    sps = SPSTable([2, 16], [1.0, 0.5])       # a drafting step of 2 requests: 1 s .. 2 s
+    plain = SPSTable([1, 100], [1.5, 1.5])    # plain steps: Θ = 3 tokens/s; drafting: Θ 4.8 as priced
+    active = torch.ones(2, dtype=torch.bool)
+    conf = torch.full((2, 7), 0.8)
+    for slowdown, drafts in ((1.0, True), (3.0, False)):
+        sched = ConfidenceScheduler(7, sps, plain_sps=plain, min_rows=2, time_steps=True)
+        verdicts = []
+        for _ in range(12):
+            verdicts.append(sched.wants_draft(active))
+            k_b = sched.schedule(conf, active)
+            clock[0] += slowdown / float(sps(torch.tensor(2 + int(k_b.sum()))))
+        assert verdicts[0] and verdicts[-1] == drafts  # the first step drafts: nothing learnt yet
+        assert abs(sched.step_cost_ratio() - slowdown) < 0.2 * slowdown
+        again = ConfidenceScheduler(7, sps, plain_sps=plain, min_rows=2, step_prior=sched.step_cost_totals())
+        assert ConfidenceScheduler(7, sps, plain_sps=plain, min_rows=2).step_cost_ratio() == 1.0
+        assert again.step_cost_ratio() == sched.step_cost_ratio()
+
+
 def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypatch):
     """make_decoder with the confidence scheduler: a first call speculates and learns the
     drafter's confidences; when the tables then say no admission beats plain decoding, later

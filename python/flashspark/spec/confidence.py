@@ -239,10 +239,21 @@ class ConfidenceScheduler:
     win; the comparison is made only once `min_rows` confidence rows (this batch's, plus a
     `prior` from earlier ones or a calibration run) back the mean. Without `plain_sps` it
     always drafts.
+
+    With `time_steps`, the price of a step is checked against the clock too: the wall time from one
+    `wants_draft` call to the next (one loop iteration) over the 1 / SPS(T) the table
+    predicted for it gives a step-cost ratio (`step_prior`: (sum of ratios, steps) from
+    earlier batches of this size), which divides Θ in that comparison. It catches what
+    a profile of full batches misses: requests that finish early leave steps that cost
+    nearly as much but commit less. (The schedule itself is unchanged by it: a constant
+    factor does not move the best prefix.)
     """
 
+    STEP_RATIO_STRENGTH = 2.0  # pseudo-steps of ratio 1
+
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None):
+                 plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None,
+                 step_prior: tuple[float, int] | None = None, time_steps: bool = False):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
         self.max_spec_len = max_spec_len
@@ -254,7 +265,11 @@ class ConfidenceScheduler:
         self.stats = None if prior is None else prior.copy()
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
         self._last: torch.Tensor | None = None     # survival of the step being verified (for observe)
-        self._decision: tuple | None = None        # (active count, stats version, draft?) of the last verdict
+        self._decision: tuple | None = None        # (active count, stats version, steps timed, draft?)
+        self._step_ratio = list(step_prior) if step_prior is not None else [0.0, 0]  # (sum of ratios, steps)
+        self.time_steps = time_steps
+        self._step_start: float | None = None      # when the current loop iteration began
+        self._step_predicted: float | None = None  # its predicted seconds, if it drafted
 
     def reset(self) -> None:
         self._history.clear()
@@ -270,13 +285,32 @@ class ConfidenceScheduler:
 
         Judged on the recalibrated mean confidences seen so far (one hard block says little
         about the next); redone when the load or what has been learnt changes."""
+        if self.time_steps:
+            self._time_step()
         if self.plain_sps is None or self.stats is None or self.stats.rows < self.min_rows:
             return True
         n = int(active.sum())
-        if self._decision is None or self._decision[:2] != (n, self.stats.version):
-            self._decision = (n, self.stats.version,
-                              self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)))
-        return self._decision[2]
+        key = (n, self.stats.version, self._step_ratio[1])
+        if self._decision is None or self._decision[:3] != key:
+            self._decision = key + (self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)),)
+        return self._decision[3]
+
+    def _time_step(self) -> None:
+        """Close the timing of the previous loop iteration (if it drafted) and open the next."""
+        now = time.perf_counter()
+        if self._step_start is not None and self._step_predicted is not None:
+            self._step_ratio[0] += (now - self._step_start) / self._step_predicted
+            self._step_ratio[1] += 1
+        self._step_start, self._step_predicted = now, None
+
+    def step_cost_ratio(self) -> float:
+        """Measured over predicted seconds of the drafting steps timed so far, shrunk toward 1."""
+        s = self.STEP_RATIO_STRENGTH
+        return (self._step_ratio[0] + s) / (self._step_ratio[1] + s)
+
+    def step_cost_totals(self) -> tuple[float, int]:
+        """(sum of measured / predicted step seconds, steps timed): the `step_prior` of a later batch."""
+        return self._step_ratio[0], self._step_ratio[1]
 
     def __call__(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
@@ -307,7 +341,7 @@ class ConfidenceScheduler:
         active = torch.ones(batch_size, dtype=torch.bool)
         _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
                                    return_theta=True)
-        return theta > batch_size * float(self.plain_sps(torch.tensor(batch_size)))
+        return theta / self.step_cost_ratio() > batch_size * float(self.plain_sps(torch.tensor(batch_size)))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         survival = prefix_survival(confidence.detach().cpu())
@@ -316,8 +350,10 @@ class ConfidenceScheduler:
         self.stats.add_rows(survival[active.cpu()])
         self._last = survival
         self._history.append(survival)
-        return schedule_tokens(conditional(self.stats.correct(self._history[0])), active, self.sps,
-                               self.max_spec_len)
+        k_b = schedule_tokens(conditional(self.stats.correct(self._history[0])), active, self.sps, self.max_spec_len)
+        if self._step_start is not None:  # the loop times its iterations through wants_draft
+            self._step_predicted = 1.0 / float(self.sps(torch.tensor(int(active.sum()) + int(k_b.sum()))))
+        return k_b
 
     def __repr__(self) -> str:
         return f"ConfidenceScheduler(max_spec_len={self.max_spec_len}, delay={self.delay})"

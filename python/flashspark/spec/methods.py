@@ -101,6 +101,7 @@ def load_method_drafter(name: str, target, path: str | Path | None = None, use_o
         raise FileNotFoundError(f"no {name} drafter at {path}: train one with `python -m flashspark train {name}`")
     drafter = loader(path, target, use_ops=use_ops)
     drafter.head_dtype = drafter_head_dtype(target)
+    drafter.source_dir = path  # where its proxy and scheduler prior live
     return drafter
 
 
@@ -189,37 +190,39 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
     for a method. `decode.prepare(batch_size, temperature)` does the one-off work of a confidence
     scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it."""
     spec = parse_method(spec) if isinstance(spec, str) else spec
-    # The shipped prior belongs to the shipped drafter: a drafter passed in gets one only from its directory.
-    prior_dir = drafter_dir or (data.ASSETS_DIR / spec.drafter if drafter is None else None)
     drafter = drafter or load_method_drafter(spec.drafter, target, drafter_dir)
+    # A drafter's proxy and scheduler prior sit in its directory (a drafter built in memory has none).
+    prior_dir = drafter_dir or getattr(drafter, "source_dir", None)
     k_max = drafter.block_size - 1 if spec.k is None else spec.k
     proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
 
-    def scheduler_for(batch_size: int, temperature: float, prior: ConfidenceStats | None = None):
+    def scheduler_for(batch_size: int, temperature: float, prior: ConfidenceStats | None = None,
+                      step_prior: tuple[float, int] | None = None):
         if spec.scheduler == "fixed":
             return FixedK(k_max)
         source = None
         if spec.drafter == "dflash2":
             if temperature not in proxies:
-                proxies[temperature] = load_proxy(drafter_dir or data.ASSETS_DIR / "dflash2", temperature,
+                proxies[temperature] = load_proxy(prior_dir or data.ASSETS_DIR / "dflash2", temperature,
                                                   device=next(drafter.parameters()).device)
             source = proxies[temperature].for_scheduler(online=spec.online)
         spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
         return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
                                    plain_sps=plain_sps if spec.plain_steps else None, min_rows=MIN_PRIOR_ROWS,
-                                   prior=prior)
+                                   prior=prior, step_prior=step_prior, time_steps=True)
 
     # Per temperature: the confidence stats (mean survival, online recalibration) of the shipped
     # prior and earlier calls. A batch is decoded plainly when MIN_PRIOR_ROWS rows of them say
     # speculation cannot pay at its size.
     priors: dict[float, ConfidenceStats | None] = {}
     confident_method = spec.scheduler == "confidence"
+    step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
 
     def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
         if temperature not in priors:
             priors[temperature] = load_prior(prior_dir, temperature) if confident_method and prior_dir else None
         prior = priors[temperature]
-        scheduler = scheduler_for(len(prompts), temperature, prior)
+        scheduler = scheduler_for(len(prompts), temperature, prior, step_costs.get(len(prompts)))
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
         if confident and not record and prior is not None and prior.rows >= scheduler.min_rows \
                 and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts)):
@@ -230,6 +233,7 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
                                           path=spec.path, record=record)
         if confident and scheduler.confidence_stats() is not None:
             priors[temperature] = scheduler.confidence_stats()  # the prior plus this batch
+            step_costs[len(prompts)] = scheduler.step_cost_totals()
         return out, stats
 
     decode.spec, decode.drafter = spec, drafter
