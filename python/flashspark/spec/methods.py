@@ -17,6 +17,8 @@ of a step's measured time (drafting, verify, commit) added, so that
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,20 +169,47 @@ def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
 _SPS: dict = {}
 
 
-def step_sps(target, drafter, batch_size: int, path: str = "auto") -> tuple[SPSTable, SPSTable]:
+@torch.no_grad()
+def forward_seconds(target, batch_size: int, tokens_per_request: int, hidden_layers=None, context_len: int = 64,
+                    repeats: int = 3) -> float:
+    """Median wall seconds, now, of one target forward of `tokens_per_request` tokens for each of
+    `batch_size` requests at `context_len` committed tokens."""
+    device = target.model.embed_tokens.weight.device
+    cache = target.new_cache(batch_size, context_len + tokens_per_request)
+    lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
+    num_new = torch.full_like(lens, tokens_per_request)
+    tokens = torch.randint(2, target.config.vocab_size, (batch_size, tokens_per_request),
+                           generator=torch.Generator().manual_seed(0)).to(device)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        target(tokens, cache, lens, num_new, hidden_layers=hidden_layers)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int = 3) -> tuple[SPSTable, SPSTable]:
     """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
     step's other work, measured in the loop), and the target forward alone (a plain decode
     step at T = batch size); profiled once per process and batch size (the forward's table
     also on disk)."""
     key = (id(target), id(drafter), batch_size, path)
     if key not in _SPS:
-        forward = profile_sps(target, batch_size, hidden_layers=drafter.config.target_layer_ids)
+        layers = drafter.config.target_layer_ids
+        forward = profile_sps(target, batch_size, hidden_layers=layers)
         # Whatever a real step costs beyond the profiled forward of its γ tokens per request
         # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
-        # per-step overhead of every speculative step.
-        full = batch_size * drafter.block_size
-        step = measured_step_seconds(target, drafter, batch_size, path)
-        overhead = max(0.0, step - 1.0 / float(forward(torch.tensor(full))))
+        # per-step overhead of every speculative step. Measured as a ratio to the same forward
+        # timed right after, median of `rounds`: a shared machine's slow spells then cancel
+        # instead of landing in the overhead (one slow measurement once priced a batch size out).
+        g = drafter.block_size
+        ratios = [measured_step_seconds(target, drafter, batch_size, path) / forward_seconds(target, batch_size, g, layers)
+                  for _ in range(rounds)]
+        overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
         _SPS[key] = forward.with_overhead(overhead), forward
     return _SPS[key]
 
