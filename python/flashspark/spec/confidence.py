@@ -250,6 +250,7 @@ class ConfidenceScheduler:
     """
 
     STEP_RATIO_STRENGTH = 2.0  # pseudo-steps of ratio 1
+    REVERDICT_STEPS = 8
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
                  plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None,
@@ -265,7 +266,8 @@ class ConfidenceScheduler:
         self.stats = None if prior is None else prior.copy()
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
         self._last: torch.Tensor | None = None     # survival of the step being verified (for observe)
-        self._decision: tuple | None = None        # (active count, stats version, steps timed, draft?)
+        self._decision: tuple | None = None        # (active count, draft?) of the last verdict
+        self._since_verdict = 0                    # wants_draft calls since it
         self._step_ratio = list(step_prior) if step_prior is not None else [0.0, 0]  # (sum of ratios, steps)
         self.time_steps = time_steps
         self._step_start: float | None = None      # when the current loop iteration began
@@ -284,16 +286,19 @@ class ConfidenceScheduler:
         """Whether this step should draft (and verify by the schedule), or be a plain decode step.
 
         Judged on the recalibrated mean confidences seen so far (one hard block says little
-        about the next); redone when the load or what has been learnt changes."""
+        about the next); redone when the load changes and every REVERDICT_STEPS calls."""
         if self.time_steps:
             self._time_step()
         if self.plain_sps is None or self.stats is None or self.stats.rows < self.min_rows:
             return True
         n = int(active.sum())
-        key = (n, self.stats.version, self._step_ratio[1])
-        if self._decision is None or self._decision[:3] != key:
-            self._decision = key + (self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)),)
-        return self._decision[3]
+        self._since_verdict += 1
+        # A verdict costs about half a millisecond of small tensor ops: redone when the load changes,
+        # and every REVERDICT_STEPS iterations as confidences, outcomes and step times come in.
+        if self._decision is None or self._decision[0] != n or self._since_verdict >= self.REVERDICT_STEPS:
+            self._decision = (n, self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)))
+            self._since_verdict = 0
+        return self._decision[1]
 
     def _time_step(self) -> None:
         """Close the timing of the previous loop iteration (if it drafted) and open the next."""
