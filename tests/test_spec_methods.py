@@ -359,6 +359,12 @@ def test_wants_draft_follows_mean_confidence_and_load():
     assert [sched.wants_draft(two) for _ in range(3)] == [False] * 3
     assert sched.wants_draft(one) and not sched.wants_draft(two)
     assert ConfidenceScheduler(3, linear_sps()).wants_draft(two)  # no plain table: always draft
+    # Speculation must promise min_gain x plain: Θ 3.44 for one request against plain 3.3 (or 3.0).
+    conf = torch.full((3,), 0.9)
+    assert not ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3])).expects_gain(conf, 1)
+    assert ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3]),
+                               min_gain=1.0).expects_gain(conf, 1)
+    assert not ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.2, 3.2])).expects_gain(conf, 1)
 
 
 def test_confidence_stats_recalibrate_from_outcomes():

@@ -238,7 +238,10 @@ class ConfidenceScheduler:
     step, n_active · plain_sps(n_active), and drafts only when speculation is expected to
     win; the comparison is made only once `min_rows` confidence rows (this batch's, plus a
     `prior` from earlier ones or a calibration run) back the mean. Without `plain_sps` it
-    always drafts.
+    always drafts. Speculation must promise `min_gain` times the plain rate (default 1.1):
+    the tables and the clock carry about that much noise on a shared machine, and a wrong
+    "draft" cost up to 17% (4 requests, 64 new tokens) where a wrong "plain" forgoes a gain
+    that small.
 
     With `time_steps`, the price of a step is checked against the clock too: the wall time from one
     `wants_draft` call to the next (one loop iteration) over the 1 / SPS(T) the table
@@ -254,7 +257,7 @@ class ConfidenceScheduler:
 
     def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
                  plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None,
-                 step_prior: tuple[float, int] | None = None, time_steps: bool = False):
+                 step_prior: tuple[float, int] | None = None, time_steps: bool = False, min_gain: float = 1.1):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
         self.max_spec_len = max_spec_len
@@ -270,6 +273,7 @@ class ConfidenceScheduler:
         self._since_verdict = 0                    # wants_draft calls since it
         self._step_ratio = list(step_prior) if step_prior is not None else [0.0, 0]  # (sum of ratios, steps)
         self.time_steps = time_steps
+        self.min_gain = min_gain
         self._step_start: float | None = None      # when the current loop iteration began
         self._step_predicted: float | None = None  # its predicted seconds, if it drafted
 
@@ -337,7 +341,7 @@ class ConfidenceScheduler:
         return self.stats
 
     def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
-        """Would `batch_size` requests with per-position confidences `confidence` [K'] beat
+        """Would `batch_size` requests with per-position confidences `confidence` [K'] beat (by min_gain)
         plain decoding? (True without a plain table.) Engines use this to switch speculation
         off for a whole batch at high load, where even plain steps inside the speculative
         loop cost more than plain decoding (they keep the drafter's cache up to date)."""
@@ -346,7 +350,7 @@ class ConfidenceScheduler:
         active = torch.ones(batch_size, dtype=torch.bool)
         _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
                                    return_theta=True)
-        return theta / self.step_cost_ratio() > batch_size * float(self.plain_sps(torch.tensor(batch_size)))
+        return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps(torch.tensor(batch_size)))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         survival = prefix_survival(confidence.detach().cpu())
