@@ -143,7 +143,7 @@ class ConfidenceStats:
     def __init__(self, width: int):
         z = lambda: torch.zeros(width, dtype=torch.float64)  # noqa: E731
         self.survival, self.predicted, self.observed = z(), z(), z()
-        self.rows, self.version = 0, 0
+        self.rows = 0
 
     @property
     def width(self) -> int:
@@ -153,7 +153,6 @@ class ConfidenceStats:
         """Predicted prefix survivals [R, K'] of R scheduled rows."""
         self.survival += survival.detach().double().cpu().sum(0)
         self.rows += survival.shape[0]
-        self.version += 1
 
     def add_outcomes(self, survival: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
         """Predicted survivals [B, K'] of a step's blocks and their outcomes [B]: slot k (0-based)
@@ -163,7 +162,6 @@ class ConfidenceStats:
         ok = (k < num_accepted.cpu()[:, None]) & seen
         self.predicted += (survival.detach().double().cpu() * seen).sum(0)
         self.observed += ok.sum(0).double()
-        self.version += 1
 
     def ratio(self) -> torch.Tensor:
         """ρ [K'] = observed / predicted survival of the verified slots, shrunk toward 1."""
@@ -280,6 +278,7 @@ class ConfidenceScheduler:
     def reset(self) -> None:
         self._history.clear()
         self._decision = None
+        self._step_start = self._step_predicted = None  # a new decode: nothing to time across the gap
 
     @property
     def wants_signals(self) -> bool:
@@ -394,6 +393,25 @@ def _split(total: int, batch_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def forward_seconds(target, tokens: torch.Tensor, cache, lens: torch.Tensor, num_new: torch.Tensor,
+                    hidden_layers: list[int] | None = None, warmup: int = 1, repeats: int = 3) -> float:
+    """Median wall seconds, now, of the ragged target forward `target(tokens, cache, lens, num_new)`
+    (synchronized on CUDA), after `warmup` untimed runs."""
+    cuda = tokens.device.type == "cuda"
+    times = []
+    for i in range(warmup + repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        target(tokens, cache, lens, num_new, hidden_layers=hidden_layers)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.no_grad()
 def profile_sps(target, batch_size: int, token_counts: Sequence[int] | None = None, context_len: int = 256,
                 repeats: int = 5, warmup: int = 2, overhead_s: float = 0.0, hidden_layers: list[int] | None = None,
                 cache_file: str | Path | None = None, refresh: bool = False) -> SPSTable:
@@ -426,18 +444,9 @@ def profile_sps(target, batch_size: int, token_counts: Sequence[int] | None = No
     rates = []
     for total in token_counts:
         num_new = _split(total, batch_size).to(device)
-        s = int(num_new.max())
-        times = []
-        for i in range(warmup + repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            target(tokens[:, :s], cache, lens, num_new, hidden_layers=hidden_layers)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        rates.append(1.0 / (statistics.median(times) + overhead_s))
+        seconds = forward_seconds(target, tokens[:, :int(num_new.max())], cache, lens, num_new, hidden_layers,
+                                  warmup, repeats)
+        rates.append(1.0 / (seconds + overhead_s))
     table = SPSTable(token_counts, rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table.to_dict() | {"key": key, "batch_size": batch_size,

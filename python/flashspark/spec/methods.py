@@ -18,7 +18,6 @@ of a step's measured time (drafting, verify, commit) added, so that
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import torch
 
 from .. import data
 from ..generate import generate
-from .confidence import ConfidenceScheduler, ConfidenceStats, SPSTable, conditional, profile_sps
+from .confidence import ConfidenceScheduler, ConfidenceStats, SPSTable, conditional, forward_seconds, profile_sps
 from .loop import PATH_MODES, speculative_generate
 from .proxy import ConfidenceProxy
 from .schedulers import FixedK
@@ -169,27 +168,17 @@ def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
 _SPS: dict = {}
 
 
-@torch.no_grad()
-def forward_seconds(target, batch_size: int, tokens_per_request: int, hidden_layers=None, context_len: int = 64,
-                    repeats: int = 3) -> float:
+def forward_seconds_now(target, batch_size: int, tokens_per_request: int, hidden_layers=None,
+                        context_len: int = 64) -> float:
     """Median wall seconds, now, of one target forward of `tokens_per_request` tokens for each of
     `batch_size` requests at `context_len` committed tokens."""
     device = target.model.embed_tokens.weight.device
     cache = target.new_cache(batch_size, context_len + tokens_per_request)
     lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
-    num_new = torch.full_like(lens, tokens_per_request)
     tokens = torch.randint(2, target.config.vocab_size, (batch_size, tokens_per_request),
                            generator=torch.Generator().manual_seed(0)).to(device)
-    times = []
-    for _ in range(repeats + 1):  # the first is a warm-up
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        target(tokens, cache, lens, num_new, hidden_layers=hidden_layers)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    with torch.no_grad():
+        return forward_seconds(target, tokens, cache, lens, torch.full_like(lens, tokens_per_request), hidden_layers)
 
 
 def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int = 3) -> tuple[SPSTable, SPSTable]:
@@ -207,7 +196,7 @@ def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int =
         # timed right after, median of `rounds`: a shared machine's slow spells then cancel
         # instead of landing in the overhead (one slow measurement once priced a batch size out).
         g = drafter.block_size
-        ratios = [measured_step_seconds(target, drafter, batch_size, path) / forward_seconds(target, batch_size, g, layers)
+        ratios = [measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, g, layers)
                   for _ in range(rounds)]
         overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
         _SPS[key] = forward.with_overhead(overhead), forward
