@@ -147,15 +147,19 @@ def add_fit_proxy(sub) -> None:
     p = sub.add_parser("fit-proxy", help="fit the DFlash 2 confidence proxy on the target's verify outcomes over "
                                          "the calibration prompts, and save it with the drafter")
     p.add_argument("--drafter", default=None, help="DFlash 2 drafter directory (default: the shipped one)")
+    add_calibration_run_args(p, "one proxy per temperature (default: 0 and 1)")
+    p.set_defaults(func=run_fit_proxy)
+
+
+def add_calibration_run_args(p, temperatures_help: str) -> None:
+    """Options of a run over the calibration prompts (fit-proxy, fit-prior)."""
     p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
     p.add_argument("--prompts", type=int, default=64, help="calibration prompts per task (default %(default)s)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0],
-                   help="one proxy per temperature (default: 0 and 1)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help=temperatures_help)
     p.add_argument("--threads", type=int, default=None)
-    p.set_defaults(func=run_fit_proxy)
 
 
 def add_fit_prior(sub) -> None:
@@ -165,13 +169,7 @@ def add_fit_prior(sub) -> None:
     p.add_argument("drafter", choices=["dflash2", "dspark"], help="whose confidences: DSpark's head or the DFlash 2 "
                                                                  "proxy (fit the proxy first: fit-proxy)")
     p.add_argument("--drafter-dir", default=None, help="drafter directory (default: the shipped one)")
-    p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
-    p.add_argument("--prompts", type=int, default=64, help="calibration prompts per task (default %(default)s)")
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--threads", type=int, default=None)
+    add_calibration_run_args(p, "one prior per temperature (default: 0 and 1)")
     p.set_defaults(func=run_fit_prior)
 
 

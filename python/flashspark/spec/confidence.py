@@ -264,6 +264,7 @@ class ConfidenceScheduler:
         self.confidence_fn = confidence_fn
         self.plain_sps = plain_sps
         self.min_rows = min_rows
+        # Everything learnt so far: the prior plus this scheduler's rows and outcomes.
         self.stats = None if prior is None else prior.copy()
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
         self._last: torch.Tensor | None = None     # survival of the step being verified (for observe)
@@ -334,10 +335,6 @@ class ConfidenceScheduler:
         observe = getattr(self.confidence_fn, "observe", None)
         if observe is not None:
             observe(block, num_accepted, num_verified)
-
-    def confidence_stats(self) -> ConfidenceStats | None:
-        """Everything learnt so far (the prior plus this scheduler's rows and outcomes)."""
-        return self.stats
 
     def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
         """Would `batch_size` requests with per-position confidences `confidence` [K'] beat (by min_gain)

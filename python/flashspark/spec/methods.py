@@ -249,8 +249,8 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
         out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
                                           temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
                                           path=spec.path, record=record)
-        if confident and scheduler.confidence_stats() is not None:
-            priors[temperature] = scheduler.confidence_stats()  # the prior plus this batch
+        if confident and scheduler.stats is not None:
+            priors[temperature] = scheduler.stats  # the prior plus this batch
             step_costs[len(prompts)] = scheduler.step_cost_totals()
         return out, stats
 
