@@ -131,6 +131,10 @@ def test_head_dtype_runs_the_head_in_that_dtype_at_inference():
         want = torch.nn.functional.linear(h.bfloat16(), target.lm_head.weight.bfloat16()).float()
         assert half.dtype == torch.float32 and torch.equal(half, want) and not torch.equal(half, full)
         torch.testing.assert_close(half, full, atol=0.05 * float(full.abs().max()), rtol=0)
+        # A batch of one, sliced as the loop slices block states (computed as one 2-D product).
+        h1 = torch.randn(1, 6, target.config.hidden_size)[:, 1:]
+        want1 = torch.nn.functional.linear(h1[0].bfloat16(), target.lm_head.weight.bfloat16()).float()
+        assert torch.equal(d.logits(h1), want1[None])
         target.lm_head.weight.mul_(2)  # the cached bf16 copy must not go stale
         torch.testing.assert_close(d.logits(h), 2 * half, atol=1e-2 * float(half.abs().max()), rtol=0)
         target.lm_head.weight.div_(2)

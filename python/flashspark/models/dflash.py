@@ -240,7 +240,10 @@ class DFlashDrafter(nn.Module):
         key = (w.data_ptr(), w._version, self.head_dtype)
         if self._head_copy is None or self._head_copy[0] != key:
             self._head_copy = (key, w.detach().to(self.head_dtype))
-        return F.linear(hidden.to(self.head_dtype), self._head_copy[1]).float()
+        # As a 2-D product: oneDNN's 3-D bf16 path with a batch of 1 copies the whole weight
+        # every call (0.7 ms vs 0.1 ms for [1, 7, 256] x [256, 4096] on a 2-core CPU).
+        flat = hidden.reshape(-1, hidden.shape[-1]).to(self.head_dtype)
+        return F.linear(flat, self._head_copy[1]).float().view(*hidden.shape[:-1], -1)
 
     # ------------------------------------------------------------ training form
     def forward(self, target_hidden: torch.Tensor, block_tokens: torch.Tensor, block_positions: torch.Tensor,
