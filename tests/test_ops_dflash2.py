@@ -82,6 +82,42 @@ def test_conv_opcheck(device):
     torch.library.opcheck(torch.ops.flashspark.two_tap_conv.default, (x, base, delta, 0, cu, None))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels", [1, 17, 100, 257])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows", [23, 70])
+def test_conv_fused_projection_matches_reference(device, dtype, channels, residual, rows):
+    """delta_weight: the op computes delta = x @ W.T itself (fp32) and applies the conv
+    (rows not a multiple of the CPU kernel's four-row steps)."""
+    x, base, _, res = conv_inputs(rows, channels, dtype, device, seed=channels + 1, residual=residual)
+    groups = (channels + 15) // 16
+    w = (0.2 * torch.randn(2 * groups, channels, generator=torch.Generator().manual_seed(7))).to(dtype).to(device)
+    got = flashspark.ops.two_tap_conv(x, base, None, 8, residual=res, delta_weight=w)
+    want = two_tap_conv_reference(x, base, None, 8, residual=res, delta_weight=w)
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+    # The same conv as an fp32 delta passed in (fp32: the unfused op on the projected taps).
+    if dtype == torch.float32:
+        delta = (x @ w.t()).view(rows, 2, groups)
+        torch.testing.assert_close(got, flashspark.ops.two_tap_conv(x, base, delta, 8, residual=res),
+                                   atol=1e-5, rtol=1e-5)
+    # A projection that is not the identity's zero must move the output (the taps are read).
+    plain = flashspark.ops.two_tap_conv(x, base, None, 8, residual=res, delta_weight=torch.zeros_like(w))
+    assert not torch.equal(plain, got)
+
+
+def test_conv_fused_projection_ragged_strided_and_opcheck(device):
+    x, base, _, res = conv_inputs(19, 40, torch.float32, device, seed=3, residual=True)
+    w = torch.randn(6, 40, device=device) * 0.1
+    cu = torch.tensor([0, 5, 6, 6, 19], dtype=torch.int32, device=device)
+    wide = torch.zeros(19, 57, device=device)
+    wide[:, 9:49] = x
+    got = flashspark.ops.two_tap_conv(wide[:, 9:49], base, None, cu_blocks=cu, residual=res, delta_weight=w)
+    want = two_tap_conv_reference(x, base, None, cu_blocks=cu.cpu(), residual=res, delta_weight=w)
+    torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-5)
+    torch.library.opcheck(torch.ops.flashspark.two_tap_conv.default, (x, base, None, 4, None, res, w))
+    torch.library.opcheck(torch.ops.flashspark.two_tap_conv.default, (x, base, None, 0, cu, None, w))
+
+
 CONV_BAD = [
     ("x", lambda a: {**a, "x": a["x"].int()}),
     ("x", lambda a: {**a, "x": a["x"][0]}),
@@ -93,15 +129,21 @@ CONV_BAD = [
     ("cu_blocks", lambda a: {**a, "cu_blocks": torch.tensor([0, 5, 3, 10], dtype=torch.int32)}),
     ("cu_blocks", lambda a: {**a, "cu_blocks": torch.tensor([0, 5, 9], dtype=torch.int32)}),
     ("residual", lambda a: {**a, "residual": a["x"][:, :5]}),
+    ("exactly one of 'delta'", lambda a: {**a, "delta_weight": torch.zeros(4, 20)}),
+    ("exactly one of 'delta'", lambda a: {**a, "delta": None}),
+    ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(4, 19)}),
+    ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(2, 20)}),
+    ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(4, 20, dtype=torch.float64)}),
 ]
 
 
 @pytest.mark.parametrize("name,change", CONV_BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONV_BAD)])
 def test_conv_bad_inputs(name, change):
     x, base, delta, _ = conv_inputs(10, 20, torch.float32, "cpu")
-    a = change(dict(x=x, base=base, delta=delta, block_size=4, cu_blocks=None, residual=None))
+    a = change(dict(x=x, base=base, delta=delta, block_size=4, cu_blocks=None, residual=None, delta_weight=None))
     with pytest.raises(RuntimeError, match=name):
-        flashspark.ops.two_tap_conv(a["x"], a["base"], a["delta"], a["block_size"], a["cu_blocks"], a["residual"])
+        flashspark.ops.two_tap_conv(a["x"], a["base"], a["delta"], a["block_size"], a["cu_blocks"], a["residual"],
+                                    a["delta_weight"])
 
 
 # ---------------------------------------------------------------- topk_select

@@ -10,13 +10,15 @@
 namespace flashspark::binding {
 
 struct TwoTapArgs {
-  at::Tensor x, base, delta, residual, cu_blocks;
+  at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws;
   int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0;
 };
 
-inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base, const at::Tensor& delta,
-                                     int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
-                                     const std::optional<at::Tensor>& residual) {
+inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base,
+                                     const std::optional<at::Tensor>& delta, int64_t block_size,
+                                     const std::optional<at::Tensor>& cu_blocks,
+                                     const std::optional<at::Tensor>& residual,
+                                     const std::optional<at::Tensor>& delta_weight) {
   constexpr const char* op = "two_tap_conv";
   TwoTapArgs a;
   check_float_dtype(x, op, "x");
@@ -26,16 +28,28 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   a.rows = a.x.size(0);
   const int64_t groups = ceil_div(a.channels, kConvGroup);
   check_device(base, x, op, "base");
-  check_device(delta, x, op, "delta");
   check_dtype(base, x.scalar_type(), op, "base");
-  check_dtype(delta, x.scalar_type(), op, "delta");
   TORCH_CHECK(base.dim() == 2 && base.size(0) == 2 && base.size(1) == a.channels, "flashspark.two_tap_conv: argument ",
               "'base' must have shape [2, ", a.channels, "], got ", base.sizes());
-  TORCH_CHECK(delta.numel() == a.rows * 2 * groups && delta.size(-1) == groups && delta.size(-2) == 2,
-              "flashspark.two_tap_conv: argument 'delta' must have shape [..., 2, ", groups, "] with one row per row of x (",
-              a.rows, "), got ", delta.sizes());
   a.base = base.contiguous();
-  a.delta = delta.contiguous();
+  TORCH_CHECK(delta.has_value() != delta_weight.has_value(), "flashspark.two_tap_conv: pass exactly one of 'delta' ",
+              "(the dynamic taps) and 'delta_weight' (their projection, computed in the op)");
+  if (delta.has_value()) {
+    check_device(*delta, x, op, "delta");
+    check_dtype(*delta, x.scalar_type(), op, "delta");
+    TORCH_CHECK(delta->dim() >= 2 && delta->numel() == a.rows * 2 * groups && delta->size(-1) == groups &&
+                    delta->size(-2) == 2,
+                "flashspark.two_tap_conv: argument 'delta' must have shape [..., 2, ", groups,
+                "] with one row per row of x (", a.rows, "), got ", delta->sizes());
+    a.delta = delta->contiguous();
+  } else {
+    check_device(*delta_weight, x, op, "delta_weight");
+    check_dtype(*delta_weight, x.scalar_type(), op, "delta_weight");
+    TORCH_CHECK(delta_weight->dim() == 2 && delta_weight->size(0) == 2 * groups && delta_weight->size(1) == a.channels,
+                "flashspark.two_tap_conv: argument 'delta_weight' must have shape [", 2 * groups, ", ", a.channels,
+                "] (2 taps x ", groups, " groups of 16 channels, by channels), got ", delta_weight->sizes());
+    a.delta_weight = delta_weight->contiguous();
+  }
   if (residual.has_value()) {
     check_device(*residual, x, op, "residual");
     check_dtype(*residual, x.scalar_type(), op, "residual");
@@ -63,7 +77,12 @@ TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out) {
   p.x = reinterpret_cast<const T*>(a.x.const_data_ptr());
   p.x_stride = a.x.stride(0);
   p.base = reinterpret_cast<const T*>(a.base.const_data_ptr());
-  p.delta = reinterpret_cast<const T*>(a.delta.const_data_ptr());
+  if (a.delta.defined()) {
+    p.delta = reinterpret_cast<const T*>(a.delta.const_data_ptr());
+  } else {
+    p.delta_weight = reinterpret_cast<const T*>(a.delta_weight.const_data_ptr());
+    if (a.delta_ws.defined()) p.delta_ws = a.delta_ws.mutable_data_ptr<float>();  // CUDA: the taps between kernels
+  }
   if (a.residual.defined()) {
     p.residual = reinterpret_cast<const T*>(a.residual.const_data_ptr());
     p.res_stride = a.residual.stride(0);

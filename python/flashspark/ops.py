@@ -200,10 +200,11 @@ def _inject_context_kv_fake(k, v, positions, slots, k_norm_weight, cos_sin_cache
 def two_tap_conv(
     x: torch.Tensor,
     base: torch.Tensor,
-    delta: torch.Tensor,
+    delta: Optional[torch.Tensor],
     block_size: int = 0,
     cu_blocks: Optional[torch.Tensor] = None,
     residual: Optional[torch.Tensor] = None,
+    delta_weight: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """DFlash 2 two-tap dynamic depthwise conv (one pass over x).
 
@@ -215,16 +216,19 @@ def two_tap_conv(
       x: ``[..., T, C]`` fp32/bf16/fp16; rows are x flattened to ``[N, C]``.
       base: ``[2, C]`` static taps (identity init: base[0] = 1, base[1] = 0).
       delta: ``[..., 2, ceil(C / 16)]`` dynamic taps, one row per row of x,
-        shared by groups of 16 channels.
+        shared by groups of 16 channels; or None with ``delta_weight``.
       block_size: rows per block when ``cu_blocks`` is None (row t starts a
         block when ``t % block_size == 0``).
       cu_blocks: ``[num_blocks + 1]`` int32 row offsets of ragged blocks.
       residual: optional ``[..., T, C]`` added to the output (fused residual).
+      delta_weight: ``[2 * ceil(C / 16), C]`` the taps' projection (x's dtype),
+        instead of ``delta``: the op computes ``delta[t] = x[t] @ delta_weight.T``
+        itself, in fp32 (the whole dynamic conv in one op; no δ tensor).
 
     Returns x's shape and dtype. Inference op (no autograd): training uses the
     reference, which computes the same function.
     """
-    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual)
+    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual, delta_weight)
 
 
 def topk_select(logits: torch.Tensor, k: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -289,7 +293,7 @@ def path_select(
 
 
 @torch.library.register_fake("flashspark::two_tap_conv")
-def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual):
+def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual, delta_weight=None):
     return x.new_empty(x.shape)
 
 

@@ -230,18 +230,21 @@ def inject_context_kv_reference(
 CONV_GROUP = 16
 
 
-def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None):
+def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None):
     """Oracle of :func:`flashspark.ops.two_tap_conv`.
 
     out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
               + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]  (zero at a block's first row)
-              (+ residual[t, c]); rows t run over x flattened to [N, C].
+              (+ residual[t, c]); rows t run over x flattened to [N, C]. With
+    `delta_weight` (and delta None), delta = x @ delta_weight.T in fp32.
     """
     shape = x.shape
     channels = shape[-1]
     xf = x.reshape(-1, channels).float()
     rows = xf.shape[0]
     groups = (channels + CONV_GROUP - 1) // CONV_GROUP
+    if delta_weight is not None:
+        delta = xf @ delta_weight.float().t()
     d = delta.reshape(rows, 2, groups).float().repeat_interleave(CONV_GROUP, dim=-1)[..., :channels]
     taps = base.float()[None] + d  # [N, 2, C]
     left = torch.cat([torch.zeros(1, channels, device=x.device), xf[:-1]], dim=0)

@@ -15,6 +15,8 @@ namespace flashspark {
 //   out[t, c] = (base[0, c] + delta[t, 0, c / 16]) * x[t, c]
 //             + (base[1, c] + delta[t, 1, c / 16]) * x[t - 1, c]    (0 at a block start)
 //             (+ residual[t, c])
+// with delta either given or computed in the op from a projection weight W [2G, C]:
+//   delta[t, i] = sum_c x[t, c] * W[i, c]   (fp32, the "dynamic" half of the conv fused in)
 
 constexpr int32_t kConvGroup = 16;  // channels sharing one dynamic tap
 
@@ -23,7 +25,9 @@ struct TwoTapParams {
   const T* x = nullptr;         // [N, C] rows of stride x_stride
   int64_t x_stride = 0;
   const T* base = nullptr;      // [2, C] contiguous
-  const T* delta = nullptr;     // [N, 2, G] contiguous, G = ceil(C / 16)
+  const T* delta = nullptr;     // [N, 2, G] contiguous, G = ceil(C / 16); or null with delta_weight
+  const T* delta_weight = nullptr;  // [2G, C] contiguous: delta computed in the op into delta_ws
+  float* delta_ws = nullptr;        // [N, 2G] fp32 taps computed from delta_weight (CUDA: between its two kernels)
   const T* residual = nullptr;  // [N, C] rows of stride res_stride, or null
   int64_t res_stride = 0;
   T* out = nullptr;             // [N, C] contiguous
@@ -40,15 +44,22 @@ struct TwoTapParams {
 // With ragged blocks the caller passes the block's first row.
 FS_HOST_DEVICE bool conv_block_start(int64_t t, int64_t block_first_row) { return t == block_first_row; }
 
+// delta[t, i] for i in [0, 2G): tap o = i / G, group g = i % G.
 template <class T>
-FS_HOST_DEVICE float two_tap_value(const TwoTapParams<T>& p, int64_t t, int32_t c, bool first_in_block) {
-  const int32_t g = c / kConvGroup, G = p.groups();
-  const T* d = p.delta + t * 2 * G;
-  float y = (to_float(p.base[c]) + to_float(d[g])) * to_float(p.x[t * p.x_stride + c]);
-  if (!first_in_block)
-    y += (to_float(p.base[p.channels + c]) + to_float(d[G + g])) * to_float(p.x[(t - 1) * p.x_stride + c]);
-  if (p.residual) y += to_float(p.residual[t * p.res_stride + c]);
-  return y;
+FS_HOST_DEVICE float two_tap_delta(const TwoTapParams<T>& p, int64_t t, int32_t i) {
+  const int64_t at = t * 2 * p.groups() + i;
+  return p.delta_weight ? p.delta_ws[at] : to_float(p.delta[at]);
+}
+
+// Part of the fused projection: sum over c = c_begin, c_begin + c_step, ... < C of x[t, c] * W[i, c].
+template <class T>
+FS_HOST_DEVICE float two_tap_delta_dot(const TwoTapParams<T>& p, int64_t t, int32_t i, int32_t c_begin,
+                                       int32_t c_step) {
+  const T* x = p.x + t * p.x_stride;
+  const T* w = p.delta_weight + int64_t(i) * p.channels;
+  float acc = 0.f;
+  for (int32_t c = c_begin; c < p.channels; c += c_step) acc += to_float(x[c]) * to_float(w[c]);
+  return acc;
 }
 
 // First row of the block holding row t, for ragged blocks: binary search.

@@ -80,11 +80,14 @@ class TwoTapConv(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., T, C] with T a multiple of block_size; optional residual added (fused in the op)."""
-        delta = self.proj(x).unflatten(-1, (2, self.groups))
-        # The op has no autograd: use it only when nothing needs a gradient.
+        # The op has no autograd: use it only when nothing needs a gradient. It computes δ from
+        # the projection weight itself (one op per conv: at a batch of one the separate
+        # projection and its small tensors cost more than the conv).
         if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or self.base.requires_grad)):
             res = None if residual is None else residual.to(x.dtype)
-            return ops.two_tap_conv(x, self.base.to(x.dtype), delta.to(x.dtype), self.block_size, residual=res)
+            return ops.two_tap_conv(x, self.base.to(x.dtype), None, self.block_size, residual=res,
+                                    delta_weight=self.proj.weight.to(x.dtype))
+        delta = self.proj(x).unflatten(-1, (2, self.groups))
         return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
 
 

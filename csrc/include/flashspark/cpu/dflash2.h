@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <vector>
 
 #include "flashspark/cpu/reduce.h"
 #include "flashspark/cpu/vec.h"
@@ -30,13 +31,93 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   return st;
 }
 
+// Per-call fp32 copies of the conv's small operands: base [2, C] and, with a fused
+// projection, W^T in strips of 16 columns ([ceil(2G / 16)][C][16], zero-padded), so each
+// row's taps are vecmat16 products (register accumulators, no horizontal sums). Even at 8
+// rows this beats a dot product per tap (9.5 vs 11.4 us per call at C = 256).
+struct TwoTapCpuConsts {
+  std::vector<float> base, w_strips;
+  int32_t strips = 0;
+};
+
+template <class T>
+TwoTapCpuConsts two_tap_cpu_consts(const TwoTapParams<T>& p) {
+  const int32_t C = p.channels, J = 2 * p.groups();
+  TwoTapCpuConsts k;
+  k.base.resize(size_t(2) * C);
+  for (size_t i = 0; i < k.base.size(); ++i) k.base[i] = to_float(p.base[i]);
+  if (p.delta_weight) {
+    k.strips = (J + 15) / 16;
+    k.w_strips.assign(size_t(k.strips) * C * 16, 0.f);
+    for (int32_t i = 0; i < J; ++i)
+      for (int32_t c = 0; c < C; ++c)
+        k.w_strips[(size_t(i / 16) * C + c) * 16 + i % 16] = to_float(p.delta_weight[int64_t(i) * C + c]);
+  }
+  return k;
+}
+
+// One row of the conv on fp32 buffers: x row, left row (null at a block start), the
+// row's 2G taps d, optional residual row. Group by group, so the 16 channels of a group
+// share their taps and the inner loop vectorizes. The CUDA kernel sums the same products.
+inline void two_tap_row(int32_t C, int32_t G, const float* base, const float* d, const float* __restrict x,
+                        const float* __restrict left, const float* __restrict res, float* __restrict y) {
+  for (int32_t g = 0; g < G; ++g) {
+    const int32_t c0 = g * kConvGroup, c1 = std::min(C, c0 + kConvGroup);
+    const float d0 = d[g], d1 = d[G + g];
+    for (int32_t c = c0; c < c1; ++c) {
+      float v = (base[c] + d0) * x[c];
+      if (left) v += (base[C + c] + d1) * left[c];
+      if (res) v += res[c];
+      y[c] = v;
+    }
+  }
+}
+
 template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
+  const int32_t C = p.channels, G = p.groups(), J = 2 * G;
+  const TwoTapCpuConsts k = two_tap_cpu_consts(p);
   parallel_for(0, p.rows, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const bool first = conv_first_in_block(p, t);
-      T* out = p.out + t * p.channels;
-      for (int32_t c = 0; c < p.channels; ++c) out[c] = from_float<T>(two_tap_value(p, t, c, first));
+    // Rows go four at a time: their x rows in fp32 (xr), then their taps d [4][J].
+    const int32_t JS = (J + 15) / 16 * 16;  // taps per row in d, room for whole strips
+    std::vector<float> buf(size_t(4) * C + size_t(3) * C + size_t(4) * JS + 64);
+    float *xr = buf.data(), *xl = xr + size_t(4) * C, *rr = xl + C, *yr = rr + C, *d = yr + C, *tap4 = d + size_t(4) * JS;
+    for (int64_t tb = t0; tb < t1; tb += 4) {
+      const int32_t nr = int32_t(std::min<int64_t>(4, t1 - tb));
+      for (int32_t r = 0; r < nr; ++r) {
+        const T* x = p.x + (tb + r) * p.x_stride;
+        for (int32_t c = 0; c < C; ++c) xr[size_t(r) * C + c] = to_float(x[c]);
+      }
+      if (p.delta_weight) {  // a row's taps depend on that row only
+        const float* rows[4] = {xr, xr + (nr > 1 ? C : 0), xr + size_t(nr > 2 ? 2 : 0) * C,
+                                xr + size_t(nr > 3 ? 3 : 0) * C};
+        for (int32_t s = 0; s < k.strips; ++s) {
+          vecmat16x4(C, rows, k.w_strips.data() + size_t(s) * C * 16, tap4);
+          for (int32_t r = 0; r < nr; ++r) std::copy_n(tap4 + 16 * r, 16, d + size_t(r) * JS + s * 16);
+        }
+      } else {
+        for (int32_t r = 0; r < nr; ++r)
+          for (int32_t i = 0; i < J; ++i) d[size_t(r) * JS + i] = to_float(p.delta[(tb + r) * J + i]);
+      }
+      for (int32_t r = 0; r < nr; ++r) {
+        const int64_t t = tb + r;
+        const bool first = conv_first_in_block(p, t);
+        const float* left = nullptr;
+        if (!first) {
+          if (r > 0) {
+            left = xr + size_t(r - 1) * C;
+          } else {
+            const T* x = p.x + (t - 1) * p.x_stride;
+            for (int32_t c = 0; c < C; ++c) xl[c] = to_float(x[c]);
+            left = xl;
+          }
+        }
+        if (p.residual)
+          for (int32_t c = 0; c < C; ++c) rr[c] = to_float(p.residual[t * p.res_stride + c]);
+        two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xr + size_t(r) * C, left, p.residual ? rr : nullptr, yr);
+        T* out = p.out + t * C;
+        for (int32_t c = 0; c < C; ++c) out[c] = from_float<T>(yr[c]);
+      }
     }
   });
 }

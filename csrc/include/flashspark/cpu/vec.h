@@ -55,6 +55,31 @@ FS_CPU_CLONES static void vecmat16(int64_t n, const float* __restrict s, const f
   for (int j = 0; j < 16; ++j) out[j] = acc[j];
 }
 
+// vecmat16 for four row vectors s[0..3] at once: m is read once for the four and the
+// four accumulator chains hide the multiply-add latency; each output summed in order of i.
+FS_CPU_CLONES static void vecmat16x4(int64_t n, const float* const* s, const float* __restrict m,
+                                     float* __restrict out) {
+  float a0[16] = {}, a1[16] = {}, a2[16] = {}, a3[16] = {};
+  const float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+  for (int64_t i = 0; i < n; ++i) {
+    const float x0 = s0[i], x1 = s1[i], x2 = s2[i], x3 = s3[i];
+    const float* mi = m + i * 16;
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) {
+      a0[j] += x0 * mi[j];
+      a1[j] += x1 * mi[j];
+      a2[j] += x2 * mi[j];
+      a3[j] += x3 * mi[j];
+    }
+  }
+  for (int j = 0; j < 16; ++j) {
+    out[j] = a0[j];
+    out[16 + j] = a1[j];
+    out[32 + j] = a2[j];
+    out[48 + j] = a3[j];
+  }
+}
+
 // max_i x[i] (-inf for n = 0).
 FS_CPU_CLONES static float max_of(int64_t n, const float* __restrict x) {
   float m = -__builtin_inff();

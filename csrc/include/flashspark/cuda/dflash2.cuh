@@ -1,5 +1,6 @@
 // CUDA kernels of the DFlash 2 ops.
-//   two_tap_conv: one thread per (row, 4 channels), 4-wide vectorized loads of x.
+//   two_tap_conv: one thread per (row, 4 channels), 4-wide vectorized loads of x;
+//                 with a delta_weight, first one warp per (row, tap) for the projection.
 //   topk_select: one block per row; per-thread Top-K lists + online softmax,
 //                merged by a CUB BlockReduce with the same merge as the CPU.
 //   path_select: one block per request; threads share the K x K pair scores,
@@ -29,24 +30,44 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams
   load4(x, c0, p.channels, aligned4(x), cur);
   if (!first) load4(x - p.x_stride, c0, p.channels, aligned4(x - p.x_stride), left);
   const int32_t G = p.groups();
-  const T* d = p.delta + t * 2 * G;
   T* out = p.out + t * p.channels;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int32_t c = c0 + j;
     if (c >= p.channels) break;
     const int32_t g = c / kConvGroup;
-    float y = (to_float(p.base[c]) + to_float(d[g])) * cur[j];
-    if (!first) y += (to_float(p.base[p.channels + c]) + to_float(d[G + g])) * left[j];
+    float y = (to_float(p.base[c]) + two_tap_delta(p, t, g)) * cur[j];
+    if (!first) y += (to_float(p.base[p.channels + c]) + two_tap_delta(p, t, G + g)) * left[j];
     if (p.residual) y += to_float(p.residual[t * p.res_stride + c]);
     out[c] = from_float<T>(y);
   }
+}
+
+// The fused projection: one warp per (row t, tap i), lanes stride the channels, then a
+// butterfly sum; writes delta_ws[t, i] for the conv kernel that follows on the stream.
+template <class T>
+__global__ void __launch_bounds__(kConvThreads) two_tap_delta_kernel(TwoTapParams<T> p) {
+  const int32_t J = 2 * p.groups(), lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) / 32;
+  if (pair >= p.rows * J) return;  // whole warps exit together: pair is uniform across a warp
+  const int64_t t = pair / J;
+  const int32_t i = int32_t(pair % J);
+  float acc = two_tap_delta_dot(p, t, i, lane, 32);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) p.delta_ws[t * J + i] = acc;
 }
 
 template <class T>
 cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
   const int64_t work = p.rows * ceil_div(p.channels, 4);
   if (work == 0) return cudaSuccess;
+  if (p.delta_weight) {
+    const int64_t warps = p.rows * 2 * p.groups();
+    two_tap_delta_kernel<T><<<unsigned(ceil_div(warps * 32, kConvThreads)), kConvThreads, 0, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   two_tap_conv_kernel<T><<<unsigned(ceil_div(work, kConvThreads)), kConvThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
