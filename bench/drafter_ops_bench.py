@@ -4,6 +4,7 @@
                                  scaled_dot_product_attention)  and the reference
   inject_context_kv          vs  the unfused path (RMSNorm, RoPE, indexed writes)
   two_tap_conv               vs  the reference (PyTorch ops)
+  two_tap_conv + delta_weight vs  the taps' projection as a linear, then the op
   topk_select                vs  torch.topk + torch.logsumexp
   path_select                vs  the reference
   markov_step                vs  the unfused path (gather, matmul, softmax, sampling)
@@ -127,6 +128,25 @@ def bench_conv(rows, channels, dtype, device, repeats):
                 elem * 3 * rows * channels)
 
 
+def bench_conv_fused(rows, channels, dtype, device, repeats):
+    """The whole dynamic conv: taps projected inside the op (delta_weight) vs the projection
+    as its own linear followed by the op."""
+    g = torch.Generator().manual_seed(3)
+    groups = (channels + 15) // 16
+    x = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    base = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    w = (0.05 * torch.randn(2 * groups, channels, generator=g)).to(dtype).to(device)
+    res = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    conv = flashspark.ops.two_tap_conv
+    t_op = median_time(lambda: conv(x, base, None, 8, residual=res, delta_weight=w), repeats, device)
+    t_unf = median_time(lambda: conv(x, base, F.linear(x, w).unflatten(-1, (2, groups)), 8, residual=res), repeats,
+                        device)
+    t_ref = median_time(lambda: two_tap_conv_reference(x, base, None, 8, residual=res, delta_weight=w), repeats, device)
+    elem = x.element_size()
+    return _row("two_tap_conv+proj", f"N{rows} C{channels}", dtype, t_op, t_unf, "linear+two_tap_conv", t_ref,
+                elem * (3 * rows * channels + 2 * groups * channels))
+
+
 def bench_topk(rows, vocab, dtype, device, repeats):
     logits = torch.randn(rows, vocab, device=device).to(dtype)
     t_op = median_time(lambda: flashspark.ops.topk_select(logits, 16), repeats, device)
@@ -231,6 +251,8 @@ def main(argv=None):
             print_row(r)
         for rows_, channels in [(256, 256), (2048, 4096)] + ([] if args.quick else [(16384, 4096)]):
             rows.append(bench_conv(rows_, channels, dtype, device, repeats))
+        for rows_, channels in [(8, 256), (256, 256), (2048, 4096)]:
+            rows.append(bench_conv_fused(rows_, channels, dtype, device, repeats))
             print_row(rows[-1])
         for nrows, vocab in [(8, 4096), (64, 151936)] + ([] if args.quick else [(512, 151936)]):
             rows.append(bench_topk(nrows, vocab, dtype, device, repeats))

@@ -143,8 +143,9 @@ def _merge(stats: list[dict]) -> dict:
     """Totals over the batches of one row: tokens/s over their summed time, tau over all request-steps."""
     seconds = sum(s["seconds"] for s in stats)
     new = sum(s["new_tokens"] for s in stats)
-    # One loop iteration per target forward: ar counts forwards, speculative methods request-steps.
-    iters = sum(s.get("forwards", 0) or s["steps"] / max(1, s["requests"]) for s in stats)
+    # One loop iteration per target forward: ar counts forwards, speculative methods their loop
+    # iterations (the whole batch each, finished requests included).
+    iters = sum(s.get("iterations") or s.get("forwards", 0) or s["steps"] / max(1, s["requests"]) for s in stats)
     steps = sum(s.get("steps", 0) for s in stats)
     merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
               "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
@@ -160,8 +161,10 @@ def _merge(stats: list[dict]) -> dict:
         merged["plain_batches"] = sum(bool(s.get("plain_batch")) for s in stats)
     if "phase_seconds" in stats[0]:
         merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
-        # Drafting time per loop iteration: what DFlash 2's convs and selector add over DFlash.
-        merged["draft_ms_per_step"] = 1e3 * merged["phase_seconds"].get("draft", 0.0) / max(1, iters)
+        # Drafting time per drafted block of the batch (an iteration that drafted): what DFlash 2's
+        # convs and selector add over DFlash, whatever the number of iterations each ran.
+        drafted = iters - sum(s.get("plain_steps", 0) for s in stats)  # plain batches: all their forwards
+        merged["draft_ms_per_step"] = 1e3 * merged["phase_seconds"].get("draft", 0.0) / max(1, drafted)
         tried = [s["acceptance_per_position"] for s in stats if s["acceptance_per_position"]]
         merged["acceptance_per_position"] = [sum(col) / len(col) for col in zip(*tried)]
     return merged

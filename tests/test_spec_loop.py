@@ -67,8 +67,13 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     # EOS: stop right after a token that occurs in the middle of some outputs.
     eos = want[2][17]
     want_eos, _ = generate(target, prompts, max_new_tokens=40, eos_id=eos)
-    got_eos, _ = speculative_generate(target, drafter, prompts, max_new_tokens=40, eos_id=eos)
+    got_eos, st_eos = speculative_generate(target, drafter, prompts, max_new_tokens=40, eos_id=eos)
     assert got_eos == want_eos and any(len(w) < 40 for w in want_eos)
+    # The loop runs until its last request finishes: one iteration per step of the longest request,
+    # more than the mean steps per request once requests finish apart.
+    steps = [round(len(o) / t) if t else 0 for o, t in zip(got_eos, st_eos["tau_per_request"])]
+    assert abs(st_eos["iterations"] - max(steps)) <= 1  # a last step may be cut short by max_new_tokens / EOS
+    assert st_eos["iterations"] > st_eos["steps"] / len(prompts)
 
 
 class RaggedK:

@@ -130,12 +130,13 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     offsets = torch.ones(B, dtype=torch.int64, device=device)  # Philox position 0 drew the first token
     steps, accepted, verified = (torch.zeros(B, dtype=torch.int64) for _ in range(3))
     recall = torch.zeros(3, dtype=torch.int64)  # DFlash 2: positions with a known target token, top-1 hits, Top-K hits
-    records, plain_steps = [], 0
+    records, plain_steps, iterations = [], 0, 0
     pos_accepted, pos_tried = torch.zeros(K, dtype=torch.int64), torch.zeros(K, dtype=torch.int64)
     slots = torch.arange(B, device=device).repeat_interleave(K + 1)
     clock.tick("prefill")
 
     while bool(active.any()):
+        iterations += 1
         # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1, unless the
         #    scheduler expects a plain decode step to be faster now (then verify 0 drafts).
         drafted = getattr(scheduler, "wants_draft", None) is None or scheduler.wants_draft(active)
@@ -197,6 +198,9 @@ def speculative_generate(target: Qwen3ForCausalLM, drafter: DFlashDrafter, promp
     outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_final)]
     stats = _stats(clock, outputs, steps, accepted, verified, pos_accepted, pos_tried, B)
     stats["plain_steps"] = plain_steps  # loop iterations the scheduler ran as plain decode steps
+    # Loop iterations (one target forward each, whole batch): requests finish at different
+    # iterations, so there are more of these than steps per request.
+    stats["iterations"] = iterations
     if int(recall[0]):
         stats["recall_top1"], stats["recall_topk"] = (recall[1:] / recall[0]).tolist()
         stats["recall_positions"] = int(recall[0])

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "flashspark/cpu/reduce.h"
@@ -14,7 +15,10 @@ namespace flashspark::cpu {
 // vectorized max and sum of exponentials (merged like any two softmax states), then a
 // scan that only calls the insertion for values above the current K-th (ids rise
 // along the scan, so an equal value never displaces a lower id: same order as topk_push).
+// Once the list is full, a run of kTopKRun values whose (vectorized) max does not beat
+// the K-th is skipped whole: past the first few runs of a row almost all are.
 constexpr int64_t kTopKTile = 1024;
+constexpr int64_t kTopKRun = 64;
 
 template <class T>
 TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
@@ -25,8 +29,12 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
     for (int64_t i = 0; i < n; ++i) buf[i] = to_float(row[b + i]);
     const float m = max_of(n, buf);
     if (m != kNegInf) st.softmax = softmax_merge(st.softmax, SoftmaxState{m, sum_exp_shifted(n, buf, m)});
-    for (int64_t i = 0; i < n; ++i)
-      if (buf[i] > st.top.v[k - 1] || st.top.i[k - 1] < 0) topk_push(st.top, buf[i], int32_t(b + i));
+    for (int64_t r = 0; r < n; r += kTopKRun) {
+      const int64_t e = std::min(n, r + kTopKRun);
+      if (st.top.i[k - 1] >= 0 && max_of(e - r, buf + r) <= st.top.v[k - 1]) continue;
+      for (int64_t i = r; i < e; ++i)
+        if (buf[i] > st.top.v[k - 1] || st.top.i[k - 1] < 0) topk_push(st.top, buf[i], int32_t(b + i));
+    }
   }
   return st;
 }
@@ -75,24 +83,30 @@ inline void two_tap_row(int32_t C, int32_t G, const float* base, const float* d,
 
 template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
+  constexpr bool kF32 = std::is_same_v<T, float>;  // fp32 rows are read and written in place
   const int32_t C = p.channels, G = p.groups(), J = 2 * G;
   const TwoTapCpuConsts k = two_tap_cpu_consts(p);
+  const auto as_f32 = [C](const T* src, float* dst) -> const float* {
+    if constexpr (kF32) {
+      return src;
+    } else {
+      for (int32_t c = 0; c < C; ++c) dst[c] = to_float(src[c]);
+      return dst;
+    }
+  };
   parallel_for(0, p.rows, 16, [&](int64_t t0, int64_t t1) {
-    // Rows go four at a time: their x rows in fp32 (xr), then their taps d [4][J].
+    // Rows go four at a time: their x rows as fp32 (xp), then their taps d [4][JS].
     const int32_t JS = (J + 15) / 16 * 16;  // taps per row in d, room for whole strips
-    std::vector<float> buf(size_t(4) * C + size_t(3) * C + size_t(4) * JS + 64);
+    std::vector<float> buf(size_t(7) * C + size_t(4) * JS + 64);
     float *xr = buf.data(), *xl = xr + size_t(4) * C, *rr = xl + C, *yr = rr + C, *d = yr + C, *tap4 = d + size_t(4) * JS;
     for (int64_t tb = t0; tb < t1; tb += 4) {
       const int32_t nr = int32_t(std::min<int64_t>(4, t1 - tb));
-      for (int32_t r = 0; r < nr; ++r) {
-        const T* x = p.x + (tb + r) * p.x_stride;
-        for (int32_t c = 0; c < C; ++c) xr[size_t(r) * C + c] = to_float(x[c]);
-      }
+      const float* xp[4];
+      for (int32_t r = 0; r < 4; ++r)
+        xp[r] = r < nr ? as_f32(p.x + (tb + r) * p.x_stride, xr + size_t(r) * C) : xp[0];
       if (p.delta_weight) {  // a row's taps depend on that row only
-        const float* rows[4] = {xr, xr + (nr > 1 ? C : 0), xr + size_t(nr > 2 ? 2 : 0) * C,
-                                xr + size_t(nr > 3 ? 3 : 0) * C};
         for (int32_t s = 0; s < k.strips; ++s) {
-          vecmat16x4(C, rows, k.w_strips.data() + size_t(s) * C * 16, tap4);
+          vecmat16x4(C, xp, k.w_strips.data() + size_t(s) * C * 16, tap4);
           for (int32_t r = 0; r < nr; ++r) std::copy_n(tap4 + 16 * r, 16, d + size_t(r) * JS + s * 16);
         }
       } else {
@@ -101,22 +115,16 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
       }
       for (int32_t r = 0; r < nr; ++r) {
         const int64_t t = tb + r;
-        const bool first = conv_first_in_block(p, t);
         const float* left = nullptr;
-        if (!first) {
-          if (r > 0) {
-            left = xr + size_t(r - 1) * C;
-          } else {
-            const T* x = p.x + (t - 1) * p.x_stride;
-            for (int32_t c = 0; c < C; ++c) xl[c] = to_float(x[c]);
-            left = xl;
-          }
-        }
-        if (p.residual)
-          for (int32_t c = 0; c < C; ++c) rr[c] = to_float(p.residual[t * p.res_stride + c]);
-        two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xr + size_t(r) * C, left, p.residual ? rr : nullptr, yr);
+        if (!conv_first_in_block(p, t)) left = r > 0 ? xp[r - 1] : as_f32(p.x + (t - 1) * p.x_stride, xl);
+        const float* res = p.residual ? as_f32(p.residual + t * p.res_stride, rr) : nullptr;
         T* out = p.out + t * C;
-        for (int32_t c = 0; c < C; ++c) out[c] = from_float<T>(yr[c]);
+        if constexpr (kF32) {
+          two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xp[r], left, res, out);
+        } else {
+          two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xp[r], left, res, yr);
+          for (int32_t c = 0; c < C; ++c) out[c] = from_float<T>(yr[c]);
+        }
       }
     }
   });
