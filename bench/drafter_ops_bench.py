@@ -251,6 +251,7 @@ def main(argv=None):
             print_row(r)
         for rows_, channels in [(256, 256), (2048, 4096)] + ([] if args.quick else [(16384, 4096)]):
             rows.append(bench_conv(rows_, channels, dtype, device, repeats))
+            print_row(rows[-1])
         for rows_, channels in [(8, 256), (256, 256), (2048, 4096)]:
             rows.append(bench_conv_fused(rows_, channels, dtype, device, repeats))
             print_row(rows[-1])
