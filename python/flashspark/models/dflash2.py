@@ -83,10 +83,13 @@ class TwoTapConv(nn.Module):
         # The op has no autograd: use it only when nothing needs a gradient. It computes δ from
         # the projection weight itself (one op per conv: at a batch of one the separate
         # projection and its small tensors cost more than the conv).
-        if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or self.base.requires_grad)):
+        base = self.base
+        if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or base.requires_grad)):
             res = None if residual is None else residual.to(x.dtype)
-            return ops.two_tap_conv(x, self.base.to(x.dtype), None, self.block_size, residual=res,
-                                    delta_weight=self.proj.weight.to(x.dtype))
+            w = self.proj.weight
+            if base.dtype != x.dtype:  # `.to` costs microseconds even as a no-op, at 8 calls a draft
+                base, w = base.to(x.dtype), w.to(x.dtype)
+            return torch.ops.flashspark.two_tap_conv(x, base, None, self.block_size, None, res, w)
         delta = self.proj(x).unflatten(-1, (2, self.groups))
         return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
 
