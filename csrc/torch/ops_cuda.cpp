@@ -61,8 +61,8 @@ void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::
 }
 
 at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
-                            int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
-                            const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight) {
+                             int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
+                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight) {
   const c10::cuda::CUDAGuard guard(x.device());
   TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight);
   if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, 2 * ceil_div(a.channels, int64_t(kConvGroup))},
