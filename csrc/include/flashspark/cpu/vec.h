@@ -41,22 +41,10 @@ FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float
   return acc;
 }
 
-// out[j] = sum_i s[i] * m[i * 16 + j] for the 16 columns j of m [n, 16], each column
-// summed in order of i: a row vector times a narrow matrix, one broadcast multiply-add
-// per row of m and no horizontal reduction.
-FS_CPU_CLONES static void vecmat16(int64_t n, const float* __restrict s, const float* __restrict m,
-                                   float* __restrict out) {
-  float acc[16] = {};
-  for (int64_t i = 0; i < n; ++i) {
-    const float si = s[i];
-#pragma omp simd
-    for (int j = 0; j < 16; ++j) acc[j] += si * m[i * 16 + j];
-  }
-  for (int j = 0; j < 16; ++j) out[j] = acc[j];
-}
-
-// vecmat16 for four row vectors s[0..3] at once: m is read once for the four and the
-// four accumulator chains hide the multiply-add latency; each output summed in order of i.
+// out[r * 16 + j] = sum_i s[r][i] * m[i * 16 + j] for four row vectors s[0..3] and the 16
+// columns j of m [n, 16]: one broadcast multiply-add per row of m and no horizontal sums;
+// m is read once for the four rows, whose four accumulator chains hide the multiply-add
+// latency. Each output is summed in order of i.
 FS_CPU_CLONES static void vecmat16x4(int64_t n, const float* const* s, const float* __restrict m,
                                      float* __restrict out) {
   float a0[16] = {}, a1[16] = {}, a2[16] = {}, a3[16] = {};
