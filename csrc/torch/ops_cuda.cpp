@@ -65,8 +65,8 @@ at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const 
                              const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight) {
   const c10::cuda::CUDAGuard guard(x.device());
   TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight);
-  if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, 2 * ceil_div(a.channels, int64_t(kConvGroup))},
-                                                         x.options().dtype(at::kFloat));
+  // The taps computed from delta_weight [2G, C], one fp32 row per row of x, between the two kernels.
+  if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, a.delta_weight.size(0)}, x.options().dtype(at::kFloat));
   at::Tensor out = at::empty(x.sizes(), x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(x.scalar_type(), [&]<class T>() {

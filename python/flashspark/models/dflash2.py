@@ -89,7 +89,7 @@ class TwoTapConv(nn.Module):
             w = self.proj.weight
             if base.dtype != x.dtype:  # `.to` costs microseconds even as a no-op, at 8 calls a draft
                 base, w = base.to(x.dtype), w.to(x.dtype)
-            return torch.ops.flashspark.two_tap_conv(x, base, None, self.block_size, None, res, w)
+            return ops.two_tap_conv(x, base, None, self.block_size, residual=res, delta_weight=w)
         delta = self.proj(x).unflatten(-1, (2, self.groups))
         return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
 
