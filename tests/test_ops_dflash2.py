@@ -85,10 +85,11 @@ def test_conv_opcheck(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("channels", [1, 17, 100, 257])
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("rows", [23, 70])
+@pytest.mark.parametrize("rows", [6, 23, 70])
 def test_conv_fused_projection_matches_reference(device, dtype, channels, residual, rows):
     """delta_weight: the op computes delta = x @ W.T itself (fp32) and applies the conv
-    (rows not a multiple of the CPU kernel's four-row steps)."""
+    (rows not a multiple of the CPU kernel's four-row steps; 6 rows take the CPU taps as
+    dot products, 23 and 70 from W^T strips)."""
     x, base, _, res = conv_inputs(rows, channels, dtype, device, seed=channels + 1, residual=residual)
     groups = (channels + 15) // 16
     w = (0.2 * torch.randn(2 * groups, channels, generator=torch.Generator().manual_seed(7))).to(dtype).to(device)
@@ -118,6 +119,50 @@ def test_conv_fused_projection_ragged_strided_and_opcheck(device):
     torch.library.opcheck(torch.ops.flashspark.two_tap_conv.default, (x, base, None, 0, cu, None, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("channels", [1, 17, 100, 257])
+@pytest.mark.parametrize("taps", ["delta", "delta_weight"])
+@pytest.mark.parametrize("rows", [6, 23])
+def test_conv_fused_norm_matches_reference(device, dtype, channels, taps, rows):
+    """norm_weight: the conv (and the taps from delta_weight) run on RMSNorm(x), the
+    residual is added unnormalized; rows at scales far from 1 so a missing or misplaced
+    normalization shows."""
+    x, base, delta, res = conv_inputs(rows, channels, dtype, device, seed=channels + 3, residual=True)
+    scale = torch.logspace(-2, 2, rows, device=device)[:, None]
+    x = (x.float() * scale).to(dtype)
+    g = torch.Generator().manual_seed(11)
+    nw = (1 + 0.5 * torch.randn(channels, generator=g)).to(dtype).to(device)
+    groups = (channels + 15) // 16
+    w = (0.2 * torch.randn(2 * groups, channels, generator=g)).to(dtype).to(device)
+    kw = dict(delta_weight=w) if taps == "delta_weight" else {}
+    d = None if taps == "delta_weight" else delta
+    got = flashspark.ops.two_tap_conv(x, base, d, 8, residual=res, norm_weight=nw, norm_eps=1e-5, **kw)
+    want = two_tap_conv_reference(x, base, d, 8, residual=res, norm_weight=nw, norm_eps=1e-5, **kw)
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+    # The same as normalizing first with Qwen3's RMSNorm (fp32) and running the plain op.
+    if dtype == torch.float32:
+        xn = (nw * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
+        plain = flashspark.ops.two_tap_conv(xn, base, d, 8, residual=res, **kw)
+        torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got.float(), flashspark.ops.two_tap_conv(x, base, d, 8, residual=res, **kw).float())
+
+
+def test_conv_fused_norm_ragged_strided_and_opcheck(device):
+    x, base, delta, _ = conv_inputs(19, 40, torch.float32, device, seed=5)
+    w = torch.randn(6, 40, device=device) * 0.1
+    nw = torch.rand(40, device=device) + 0.5
+    cu = torch.tensor([0, 5, 6, 6, 19], dtype=torch.int32, device=device)
+    wide = torch.zeros(19, 57, device=device)
+    wide[:, 9:49] = x * 30
+    got = flashspark.ops.two_tap_conv(wide[:, 9:49], base, None, cu_blocks=cu, delta_weight=w, norm_weight=nw,
+                                      norm_eps=1e-6)
+    want = two_tap_conv_reference(x * 30, base, None, cu_blocks=cu.cpu(), delta_weight=w, norm_weight=nw, norm_eps=1e-6)
+    torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-5)
+    op = torch.ops.flashspark.two_tap_conv.default
+    torch.library.opcheck(op, (x, base, None, 4, None, None, w, nw, 1e-6))
+    torch.library.opcheck(op, (x, base, delta, 0, cu, None, None, nw, 1e-5))
+
+
 CONV_BAD = [
     ("x", lambda a: {**a, "x": a["x"].int()}),
     ("x", lambda a: {**a, "x": a["x"][0]}),
@@ -134,16 +179,20 @@ CONV_BAD = [
     ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(4, 19)}),
     ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(2, 20)}),
     ("delta_weight", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(4, 20, dtype=torch.float64)}),
+    ("norm_weight", lambda a: {**a, "norm_weight": torch.ones(19)}),
+    ("norm_weight", lambda a: {**a, "norm_weight": torch.ones(2, 20)}),
+    ("norm_weight", lambda a: {**a, "norm_weight": torch.ones(20, dtype=torch.float64)}),
+    ("norm_eps", lambda a: {**a, "norm_weight": torch.ones(20), "norm_eps": -1.0}),
 ]
 
 
 @pytest.mark.parametrize("name,change", CONV_BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONV_BAD)])
 def test_conv_bad_inputs(name, change):
     x, base, delta, _ = conv_inputs(10, 20, torch.float32, "cpu")
-    a = change(dict(x=x, base=base, delta=delta, block_size=4, cu_blocks=None, residual=None, delta_weight=None))
+    a = change(dict(x=x, base=base, delta=delta, block_size=4, cu_blocks=None, residual=None, delta_weight=None,
+                    norm_weight=None, norm_eps=1e-6))
     with pytest.raises(RuntimeError, match=name):
-        flashspark.ops.two_tap_conv(a["x"], a["base"], a["delta"], a["block_size"], a["cu_blocks"], a["residual"],
-                                    a["delta_weight"])
+        flashspark.ops.two_tap_conv(**a)
 
 
 # ---------------------------------------------------------------- topk_select

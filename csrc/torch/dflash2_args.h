@@ -10,15 +10,17 @@
 namespace flashspark::binding {
 
 struct TwoTapArgs {
-  at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws;
+  at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws, norm_weight, row_scale_ws;
   int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0;
+  double norm_eps = 0.0;
 };
 
 inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base,
                                      const std::optional<at::Tensor>& delta, int64_t block_size,
                                      const std::optional<at::Tensor>& cu_blocks,
                                      const std::optional<at::Tensor>& residual,
-                                     const std::optional<at::Tensor>& delta_weight) {
+                                     const std::optional<at::Tensor>& delta_weight,
+                                     const std::optional<at::Tensor>& norm_weight, double norm_eps) {
   constexpr const char* op = "two_tap_conv";
   TwoTapArgs a;
   check_float_dtype(x, op, "x");
@@ -57,6 +59,15 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
                 x.sizes(), ", got ", residual->sizes());
     a.residual = inner_contiguous(*residual).reshape({-1, a.channels});
   }
+  if (norm_weight.has_value()) {
+    check_device(*norm_weight, x, op, "norm_weight");
+    check_dtype(*norm_weight, x.scalar_type(), op, "norm_weight");
+    TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == a.channels, "flashspark.two_tap_conv: argument ",
+                "'norm_weight' must have shape [", a.channels, "], got ", norm_weight->sizes());
+    TORCH_CHECK(norm_eps >= 0.0, "flashspark.two_tap_conv: argument 'norm_eps' must be >= 0, got ", norm_eps);
+    a.norm_weight = norm_weight->contiguous();
+    a.norm_eps = norm_eps;
+  }
   if (cu_blocks.has_value()) {
     check_device(*cu_blocks, x, op, "cu_blocks");
     check_dim(*cu_blocks, 1, op, "cu_blocks");
@@ -86,6 +97,11 @@ TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out) {
   if (a.residual.defined()) {
     p.residual = reinterpret_cast<const T*>(a.residual.const_data_ptr());
     p.res_stride = a.residual.stride(0);
+  }
+  if (a.norm_weight.defined()) {
+    p.norm_weight = reinterpret_cast<const T*>(a.norm_weight.const_data_ptr());
+    p.norm_eps = float(a.norm_eps);
+    if (a.row_scale_ws.defined()) p.row_scale_ws = a.row_scale_ws.mutable_data_ptr<float>();  // CUDA
   }
   p.out = reinterpret_cast<T*>(out.mutable_data_ptr());
   if (a.cu_blocks.defined()) p.cu_blocks = a.cu_blocks.const_data_ptr<int32_t>();

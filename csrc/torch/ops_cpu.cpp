@@ -68,8 +68,9 @@ void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::T
 
 at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                             int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
-                            const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight) {
-  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight);
+                            const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
+                            const std::optional<at::Tensor>& norm_weight, double norm_eps) {
+  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
   check_cu_blocks_values(a);
   at::Tensor out = at::empty(x.sizes(), x.options());
   dispatch_float(x.scalar_type(), [&]<class T>() { cpu::two_tap_conv_cpu(make_two_tap_params<T>(a, out), AtenParallelFor{}); });

@@ -62,11 +62,14 @@ void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::
 
 at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                              int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
-                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight) {
+                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
+                             const std::optional<at::Tensor>& norm_weight, double norm_eps) {
   const c10::cuda::CUDAGuard guard(x.device());
-  TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight);
+  TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
   // The taps computed from delta_weight [2G, C], one fp32 row per row of x, between the two kernels.
   if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, a.delta_weight.size(0)}, x.options().dtype(at::kFloat));
+  // The fused RMSNorm's scale of each row, computed first.
+  if (a.norm_weight.defined()) a.row_scale_ws = at::empty({a.rows}, x.options().dtype(at::kFloat));
   at::Tensor out = at::empty(x.sizes(), x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(x.scalar_type(), [&]<class T>() {

@@ -205,6 +205,8 @@ def two_tap_conv(
     cu_blocks: Optional[torch.Tensor] = None,
     residual: Optional[torch.Tensor] = None,
     delta_weight: Optional[torch.Tensor] = None,
+    norm_weight: Optional[torch.Tensor] = None,
+    norm_eps: float = 1e-6,
 ) -> torch.Tensor:
     """DFlash 2 two-tap dynamic depthwise conv (one pass over x).
 
@@ -224,11 +226,18 @@ def two_tap_conv(
       delta_weight: ``[2 * ceil(C / 16), C]`` the taps' projection (x's dtype),
         instead of ``delta``: the op computes ``delta[t] = x[t] @ delta_weight.T``
         itself, in fp32 (the whole dynamic conv in one op; no δ tensor).
+      norm_weight: optional ``[C]`` (x's dtype): the conv runs on RMSNorm(x) =
+        ``norm_weight * (x * rsqrt(mean(x^2) + norm_eps))`` per row, computed in
+        fp32 (DFlash 2's "prepare" conv fused with the sublayer's norm); the taps
+        from ``delta_weight`` see the normalized rows too. The residual is added
+        unnormalized.
+      norm_eps: RMSNorm's epsilon (>= 0).
 
     Returns x's shape and dtype. Inference op (no autograd): training uses the
     reference, which computes the same function.
     """
-    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual, delta_weight)
+    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual, delta_weight,
+                                             norm_weight, norm_eps)
 
 
 def topk_select(logits: torch.Tensor, k: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -293,7 +302,8 @@ def path_select(
 
 
 @torch.library.register_fake("flashspark::two_tap_conv")
-def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual, delta_weight=None):
+def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual, delta_weight=None, norm_weight=None,
+                       norm_eps=1e-6):
     return x.new_empty(x.shape)
 
 

@@ -214,7 +214,7 @@ def inject_context_kv_reference(
     k, v [N, Hkv, D]; RMSNorm is over D per head, in fp32.
     """
     kf = k.float()
-    kf = kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()
+    kf = rms_norm(kf, k_norm_weight.float(), eps)
     half = k.shape[-1] // 2
     cs = cos_sin_cache.float()[positions.long()]  # [N, D]
     cos, sin = cs[:, None, :half], cs[:, None, half:]
@@ -230,17 +230,27 @@ def inject_context_kv_reference(
 CONV_GROUP = 16
 
 
-def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None):
+def rms_norm(x, weight, eps):
+    """Qwen3's RMSNorm: normalize in fp32, then scale by weight in x's dtype."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None,
+                           norm_weight=None, norm_eps=1e-6):
     """Oracle of :func:`flashspark.ops.two_tap_conv`.
 
     out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
               + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]  (zero at a block's first row)
               (+ residual[t, c]); rows t run over x flattened to [N, C]. With
-    `delta_weight` (and delta None), delta = x @ delta_weight.T in fp32.
+    `delta_weight` (and delta None), delta = x @ delta_weight.T in fp32. With
+    `norm_weight`, x is first RMS-normalized in fp32 (`rms_norm` on fp32 rows).
     """
     shape = x.shape
     channels = shape[-1]
     xf = x.reshape(-1, channels).float()
+    if norm_weight is not None:
+        xf = rms_norm(xf, norm_weight.float(), norm_eps)
     rows = xf.shape[0]
     groups = (channels + CONV_GROUP - 1) // CONV_GROUP
     if delta_weight is not None:

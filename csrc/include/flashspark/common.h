@@ -103,4 +103,9 @@ constexpr float kNegInf = -INFINITY;
 
 FS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// RMSNorm's scale of a row: 1 / sqrt(mean(x^2) + eps) from its sum of squares.
+FS_HOST_DEVICE float rms_inv(float sum_squares, int32_t dim, float eps) {
+  return 1.f / sqrtf(sum_squares / float(dim) + eps);
+}
+
 }  // namespace flashspark

@@ -77,10 +77,6 @@ FS_HOST_DEVICE void inject_write(const InjectParams<T>& p, const InjectRow<T>& r
   for (int32_t j = j0; j < D; j += step) row.v_out[j] = row.v[j];
 }
 
-FS_HOST_DEVICE float rms_inv(float sum_squares, int32_t dim, float eps) {
-  return 1.f / sqrtf(sum_squares / float(dim) + eps);
-}
-
 // ---- block_diffusion_attention --------------------------------------------------
 
 template <class T>

@@ -17,6 +17,8 @@ namespace flashspark {
 //             (+ residual[t, c])
 // with delta either given or computed in the op from a projection weight W [2G, C]:
 //   delta[t, i] = sum_c x[t, c] * W[i, c]   (fp32, the "dynamic" half of the conv fused in)
+// With a norm weight w, x is first RMS-normalized in fp32 (the "prepare" conv fused with
+// the sublayer's norm): x[t, c] -> w[c] * (x[t, c] * rms_inv(row t)), in the taps too.
 
 constexpr int32_t kConvGroup = 16;  // channels sharing one dynamic tap
 
@@ -30,6 +32,9 @@ struct TwoTapParams {
   float* delta_ws = nullptr;        // [N, 2G] fp32 taps computed from delta_weight (CUDA: between its two kernels)
   const T* residual = nullptr;  // [N, C] rows of stride res_stride, or null
   int64_t res_stride = 0;
+  const T* norm_weight = nullptr;  // [C]: RMSNorm x first (or null)
+  float norm_eps = 0.f;
+  float* row_scale_ws = nullptr;   // [N] rms_inv of each row of x (CUDA: computed before the other kernels)
   T* out = nullptr;             // [N, C] contiguous
   const int32_t* cu_blocks = nullptr;  // [num_blocks + 1] row offsets, or null: blocks of block_size rows
   int32_t num_blocks = 0;
@@ -51,14 +56,22 @@ FS_HOST_DEVICE float two_tap_delta(const TwoTapParams<T>& p, int64_t t, int32_t 
   return p.delta_weight ? p.delta_ws[at] : to_float(p.delta[at]);
 }
 
-// Part of the fused projection: sum over c = c_begin, c_begin + c_step, ... < C of x[t, c] * W[i, c].
+// The conv's input at channel c of a row whose RMSNorm scale is s: x itself, or with a
+// norm weight w[c] * (x * s) (the order of the reference's fp32 RMSNorm).
 template <class T>
-FS_HOST_DEVICE float two_tap_delta_dot(const TwoTapParams<T>& p, int64_t t, int32_t i, int32_t c_begin,
+FS_HOST_DEVICE float two_tap_input(const TwoTapParams<T>& p, float x, float s, int32_t c) {
+  return p.norm_weight ? to_float(p.norm_weight[c]) * (x * s) : x;
+}
+
+// Part of the fused projection: sum over c = c_begin, c_begin + c_step, ... < C of
+// input[t, c] * W[i, c], s the row's RMSNorm scale (unused without a norm weight).
+template <class T>
+FS_HOST_DEVICE float two_tap_delta_dot(const TwoTapParams<T>& p, int64_t t, float s, int32_t i, int32_t c_begin,
                                        int32_t c_step) {
   const T* x = p.x + t * p.x_stride;
   const T* w = p.delta_weight + int64_t(i) * p.channels;
   float acc = 0.f;
-  for (int32_t c = c_begin; c < p.channels; c += c_step) acc += to_float(x[c]) * to_float(w[c]);
+  for (int32_t c = c_begin; c < p.channels; c += c_step) acc += two_tap_input(p, to_float(x[c]), s, c) * to_float(w[c]);
   return acc;
 }
 

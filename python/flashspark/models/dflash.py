@@ -269,8 +269,8 @@ class DFlashDrafter(nn.Module):
             v = torch.cat((vc, vb), 1).transpose(1, 2)
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=attn_mask,
                                                  enable_gqa=attn.num_heads != attn.num_kv_heads)
-            x = x + attn.o_proj(out.transpose(1, 2).flatten(2))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = self.add_sublayer(x, attn.o_proj, out.transpose(1, 2).flatten(2))
+            x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
         return self.norm(x)
 
     # ----------------------------------------------------------- inference form
@@ -315,9 +315,14 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
             out = attend(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim ** -0.5)
-            x = x + attn.o_proj(out.flatten(2))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = self.add_sublayer(x, attn.o_proj, out.flatten(2))
+            x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
         return self.norm(x)
+
+    @staticmethod
+    def add_sublayer(x: torch.Tensor, sublayer: nn.Module, inp: torch.Tensor) -> torch.Tensor:
+        """The residual stream after a sublayer: x + sublayer(inp) (DFlash 2 fuses the add)."""
+        return x + sublayer(inp)
 
     def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
         """[B, gamma - 1, V] float32 logits of block positions 1..gamma-1."""

@@ -78,31 +78,40 @@ class TwoTapConv(nn.Module):
             self.base[0] = 1.0
             self.proj.weight.zero_()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., T, C] with T a multiple of block_size; optional residual added (fused in the op)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
+        """x [..., T, C] with T a multiple of block_size; optional residual added, and optional
+        RMSNorm applied to x first (both fused in the op)."""
         # The op has no autograd: use it only when nothing needs a gradient. It computes δ from
-        # the projection weight itself (one op per conv: at a batch of one the separate
-        # projection and its small tensors cost more than the conv).
+        # the projection weight itself and normalizes x itself (one op per conv: at a batch of
+        # one the separate norm, projection and their small tensors cost more than the conv).
         base = self.base
         if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or base.requires_grad)):
-            res = None if residual is None else residual.to(x.dtype)
             w = self.proj.weight
             if base.dtype != x.dtype:  # `.to` costs microseconds even as a no-op, at 8 calls a draft
                 base, w = base.to(x.dtype), w.to(x.dtype)
-            return ops.two_tap_conv(x, base, None, self.block_size, residual=res, delta_weight=w)
+            if residual is not None and residual.dtype != x.dtype:
+                residual = residual.to(x.dtype)
+            norm_weight = None
+            if norm is not None:
+                norm_weight = norm.weight if norm.weight.dtype == x.dtype else norm.weight.to(x.dtype)
+            return ops.two_tap_conv(x, base, None, self.block_size, residual=residual, delta_weight=w,
+                                    norm_weight=norm_weight, norm_eps=norm.eps if norm is not None else 1e-6)
+        if norm is not None:
+            x = reference.rms_norm(x, norm.weight, norm.eps)
         delta = self.proj(x).unflatten(-1, (2, self.groups))
         return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
 
 
 class PreparedRMSNorm(RMSNorm):
-    """RMSNorm followed by the sublayer's "prepare" conv (parameter names: weight, conv.*)."""
+    """RMSNorm followed by the sublayer's "prepare" conv (parameter names: weight, conv.*);
+    with the ops, one op does both."""
 
     def __init__(self, dim: int, eps: float, block_size: int):
         super().__init__(dim, eps)
         self.conv = TwoTapConv(dim, block_size)
 
     def forward(self, x):
-        return self.conv(super().forward(x))
+        return self.conv(x, norm=self)
 
 
 class FinishedLinear(nn.Linear):
@@ -112,8 +121,8 @@ class FinishedLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=False)
         self.conv = TwoTapConv(out_features, block_size)
 
-    def forward(self, x):
-        return self.conv(super().forward(x))
+    def forward(self, x, residual=None):
+        return self.conv(super().forward(x), residual)
 
 
 class FinishedMLP(Qwen3MLP):
@@ -123,8 +132,8 @@ class FinishedMLP(Qwen3MLP):
         super().__init__(cfg)
         self.conv = TwoTapConv(cfg.hidden_size, block_size)
 
-    def forward(self, x):
-        return self.conv(super().forward(x))
+    def forward(self, x, residual=None):
+        return self.conv(super().forward(x), residual)
 
 
 # ---------------------------------------------------------------------- path selector
@@ -208,6 +217,11 @@ class DFlash2Drafter(DFlashDrafter):
         if "layers" in self._modules:
             for m in self.convs():
                 m.use_ops = bool(value)
+
+    @staticmethod
+    def add_sublayer(x: torch.Tensor, sublayer: nn.Module, inp: torch.Tensor) -> torch.Tensor:
+        """x + sublayer(inp), the add fused into the sublayer's finish conv (one pass fewer)."""
+        return sublayer(inp, residual=x)
 
     def convs(self) -> list[TwoTapConv]:
         return [m for m in self.modules() if isinstance(m, TwoTapConv)]

@@ -64,6 +64,12 @@ def draft_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, se
                                                    seeds=seeds, offsets=offsets, signals=signals)
         return DraftBlock(tokens, q, cand_ids if q is not None else None,
                           signals=None if sig is None else sig.features(), cand_ids=cand_ids)
+    return draft_dflash_block(drafter, cache, anchor, ctx_lens, temperature, seeds, offsets)
+
+
+def draft_dflash_block(drafter: DFlashDrafter, cache, anchor, ctx_lens, temperature, seeds, offsets) -> DraftBlock:
+    """DFlash's draft: one parallel pass, each position sampled from its own logits (q dense).
+    Any DFlash-shaped drafter runs it (a DFlash 2 drafter: its backbone with DFlash's head)."""
     logits = drafter.draft_logits(cache, anchor, ctx_lens)
     g = drafter.block_size
     tokens, q = sample_logits(logits, temperature, seeds, offsets[:, None] + torch.arange(g - 1, device=anchor.device),

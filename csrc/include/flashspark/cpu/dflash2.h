@@ -39,51 +39,103 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   return st;
 }
 
-// Per-call fp32 copies of the conv's small operands: base [2, C] and, with a fused
-// projection, W^T in strips of 16 columns ([ceil(2G / 16)][C][16], zero-padded), so the
-// taps of four rows at a time are vecmat16x4 products (register accumulators, no horizontal
-// sums). Even at 8 rows this beats a dot product per tap (9.5 vs 11.4 us per call at C = 256).
+// The conv's small operands as fp32: base [2, C] and, with a fused projection, its weight
+// W [2G, C]. Few rows take the taps as dot products over W's rows, four rows at a time
+// (fp32 operands are read in place: nothing is built per call). Many rows take them from
+// W^T in strips of 16 columns ([ceil(2G / 16)][C][16], zero-padded) as vecmat16x4 products
+// (register accumulators, no horizontal sums), which repay the transposition from
+// kTwoTapStripRows rows up.
+constexpr int64_t kTwoTapStripRows = 16;
+
 struct TwoTapCpuConsts {
-  std::vector<float> base, w_strips;
+  std::vector<float> base_buf, w_buf, norm_buf;  // fp32 copies, when the operands are not fp32 or W goes to strips
+  const float* base = nullptr;
+  const float* norm = nullptr;  // the norm weight [C], or null
+  const float* w = nullptr;  // W [2G, C], or its strips when strips > 0
   int32_t strips = 0;
 };
+
+template <class T>
+const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    buf.resize(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = to_float(src[i]);
+    return buf.data();
+  }
+}
 
 template <class T>
 TwoTapCpuConsts two_tap_cpu_consts(const TwoTapParams<T>& p) {
   const int32_t C = p.channels, J = 2 * p.groups();
   TwoTapCpuConsts k;
-  k.base.resize(size_t(2) * C);
-  for (size_t i = 0; i < k.base.size(); ++i) k.base[i] = to_float(p.base[i]);
-  if (p.delta_weight) {
-    k.strips = (J + 15) / 16;
-    k.w_strips.assign(size_t(k.strips) * C * 16, 0.f);
-    for (int32_t i = 0; i < J; ++i)
-      for (int32_t c = 0; c < C; ++c)
-        k.w_strips[(size_t(i / 16) * C + c) * 16 + i % 16] = to_float(p.delta_weight[int64_t(i) * C + c]);
+  k.base = as_f32_buffer(p.base, size_t(2) * C, k.base_buf);
+  if (p.norm_weight) k.norm = as_f32_buffer(p.norm_weight, size_t(C), k.norm_buf);
+  if (!p.delta_weight) return k;
+  if (p.rows < kTwoTapStripRows) {
+    k.w = as_f32_buffer(p.delta_weight, size_t(J) * C, k.w_buf);
+    return k;
   }
+  k.strips = (J + 15) / 16;
+  k.w_buf.assign(size_t(k.strips) * C * 16, 0.f);
+  for (int32_t i = 0; i < J; ++i)
+    for (int32_t c = 0; c < C; ++c)
+      k.w_buf[(size_t(i / 16) * C + c) * 16 + i % 16] = to_float(p.delta_weight[int64_t(i) * C + c]);
+  k.w = k.w_buf.data();
   return k;
 }
 
 // One row of the conv on fp32 buffers: x row, left row (null at a block start), the
 // row's 2G taps d, optional residual row. Group by group, so the 16 channels of a group
-// share their taps and the inner loop vectorizes. The CUDA kernel sums the same products.
+// share their taps: a full group is one 16-wide vector step (compiled per instruction set,
+// like vec.h; the scalar build of a variable-length group loop cost ~1 ns per element).
+// The CUDA kernel sums the same products.
+template <bool kLeft, bool kRes>
+static inline void two_tap_group16(float d0, float d1, const float* __restrict b0, const float* __restrict b1,
+                                   const float* __restrict x, const float* __restrict left,
+                                   const float* __restrict res, float* __restrict y) {
+#pragma omp simd
+  for (int32_t j = 0; j < kConvGroup; ++j) {
+    float v = (b0[j] + d0) * x[j];
+    if constexpr (kLeft) v += (b1[j] + d1) * left[j];
+    if constexpr (kRes) v += res[j];
+    y[j] = v;
+  }
+}
+
+template <bool kLeft, bool kRes>
+FS_CPU_CLONES static void two_tap_row_impl(int32_t C, int32_t G, const float* base, const float* d,
+                                           const float* __restrict x, const float* __restrict left,
+                                           const float* __restrict res, float* __restrict y) {
+  const int32_t full = C / kConvGroup;
+  for (int32_t g = 0; g < full; ++g) {
+    const int32_t c0 = g * kConvGroup;
+    two_tap_group16<kLeft, kRes>(d[g], d[G + g], base + c0, base + C + c0, x + c0, left + (kLeft ? c0 : 0),
+                                 res + (kRes ? c0 : 0), y + c0);
+  }
+  for (int32_t c = full * kConvGroup; c < C; ++c) {  // the last, partial group
+    float v = (base[c] + d[full]) * x[c];
+    if constexpr (kLeft) v += (base[C + c] + d[G + full]) * left[c];
+    if constexpr (kRes) v += res[c];
+    y[c] = v;
+  }
+}
+
 inline void two_tap_row(int32_t C, int32_t G, const float* base, const float* d, const float* __restrict x,
                         const float* __restrict left, const float* __restrict res, float* __restrict y) {
-  for (int32_t g = 0; g < G; ++g) {
-    const int32_t c0 = g * kConvGroup, c1 = std::min(C, c0 + kConvGroup);
-    const float d0 = d[g], d1 = d[G + g];
-    for (int32_t c = c0; c < c1; ++c) {
-      float v = (base[c] + d0) * x[c];
-      if (left) v += (base[C + c] + d1) * left[c];
-      if (res) v += res[c];
-      y[c] = v;
-    }
+  if (left) {
+    if (res) two_tap_row_impl<true, true>(C, G, base, d, x, left, res, y);
+    else two_tap_row_impl<true, false>(C, G, base, d, x, left, res, y);
+  } else {
+    if (res) two_tap_row_impl<false, true>(C, G, base, d, x, left, res, y);
+    else two_tap_row_impl<false, false>(C, G, base, d, x, left, res, y);
   }
 }
 
 template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
-  constexpr bool kF32 = std::is_same_v<T, float>;  // fp32 rows are read and written in place
+  constexpr bool kF32 = std::is_same_v<T, float>;  // fp32 rows are read and written in place (unnormalized)
   const int32_t C = p.channels, G = p.groups(), J = 2 * G;
   const TwoTapCpuConsts k = two_tap_cpu_consts(p);
   const auto as_f32 = [C](const T* src, float* dst) -> const float* {
@@ -93,6 +145,13 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
       for (int32_t c = 0; c < C; ++c) dst[c] = to_float(src[c]);
       return dst;
     }
+  };
+  // Row t of the conv's input as fp32: x's row, RMS-normalized into dst with a norm weight.
+  const auto input_row = [&](int64_t t, float* dst) -> const float* {
+    const float* v = as_f32(p.x + t * p.x_stride, dst);
+    if (!k.norm) return v;
+    rms_scale(C, rms_inv(dot(C, v, v), C, p.norm_eps), k.norm, v, dst);
+    return dst;
   };
   // At least ~16K channels of rows per task: below that (e.g. 32 rows of 256 channels, ~18 us)
   // waking a second thread between a drafter's small ops costs more than it saves.
@@ -106,10 +165,16 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
       const int32_t nr = int32_t(std::min<int64_t>(4, t1 - tb));
       const float* xp[4];
       for (int32_t r = 0; r < 4; ++r)
-        xp[r] = r < nr ? as_f32(p.x + (tb + r) * p.x_stride, xr + size_t(r) * C) : xp[0];
-      if (p.delta_weight) {  // a row's taps depend on that row only
+        xp[r] = r < nr ? input_row(tb + r, xr + size_t(r) * C) : xp[0];
+      if (p.delta_weight && k.strips == 0) {  // a row's taps depend on that row only
+        for (int32_t i = 0; i < J; ++i) {
+          float acc[4];
+          dot4(C, xp, k.w + size_t(i) * C, acc);
+          for (int32_t r = 0; r < nr; ++r) d[size_t(r) * JS + i] = acc[r];
+        }
+      } else if (p.delta_weight) {
         for (int32_t s = 0; s < k.strips; ++s) {
-          vecmat16x4(C, xp, k.w_strips.data() + size_t(s) * C * 16, tap4);
+          vecmat16x4(C, xp, k.w + size_t(s) * C * 16, tap4);
           for (int32_t r = 0; r < nr; ++r) std::copy_n(tap4 + 16 * r, 16, d + size_t(r) * JS + s * 16);
         }
       } else {
@@ -119,13 +184,13 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
       for (int32_t r = 0; r < nr; ++r) {
         const int64_t t = tb + r;
         const float* left = nullptr;
-        if (!conv_first_in_block(p, t)) left = r > 0 ? xp[r - 1] : as_f32(p.x + (t - 1) * p.x_stride, xl);
+        if (!conv_first_in_block(p, t)) left = r > 0 ? xp[r - 1] : input_row(t - 1, xl);
         const float* res = p.residual ? as_f32(p.residual + t * p.res_stride, rr) : nullptr;
         T* out = p.out + t * C;
         if constexpr (kF32) {
-          two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xp[r], left, res, out);
+          two_tap_row(C, G, k.base, d + size_t(r) * JS, xp[r], left, res, out);
         } else {
-          two_tap_row(C, G, k.base.data(), d + size_t(r) * JS, xp[r], left, res, yr);
+          two_tap_row(C, G, k.base, d + size_t(r) * JS, xp[r], left, res, yr);
           for (int32_t c = 0; c < C; ++c) out[c] = from_float<T>(yr[c]);
         }
       }
@@ -188,11 +253,36 @@ struct PathSerialBackend {
   }
 };
 
+// Requests every embedding row request r's lattice will read (A of the anchor and of each
+// position's candidates but the last's, B of every candidate) before the scores need
+// them: the rows sit at random places of tables that a drafting pass has long since
+// evicted, and misses issued together overlap (in a drafting pass at batch 1 this took
+// path_select from ~31 to ~N us).
+template <class T>
+void path_prefetch_request(const PathParams<T>& p, int32_t r) {
+  constexpr int64_t kLine = 64;
+  const int64_t row_bytes = int64_t(p.rank) * sizeof(T);
+  const auto fetch = [&](const T* table, int32_t id) {
+    const char* row = reinterpret_cast<const char*>(table + int64_t(id) * p.rank);
+    for (int64_t o = 0; o < row_bytes; o += kLine) __builtin_prefetch(row + o);
+  };
+  const int64_t first = int64_t(r) * p.positions * p.k;
+  fetch(p.a_emb, p.anchor[r]);
+  for (int64_t i = 0; i < int64_t(p.positions) * p.k; ++i) {
+    const int32_t id = p.cand_ids[first + i];
+    fetch(p.b_emb, id);
+    if (i < int64_t(p.positions - 1) * p.k) fetch(p.a_emb, id);
+  }
+}
+
 template <class T, class ParallelFor>
 void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
   parallel_for(0, p.requests, 1, [&](int64_t r0, int64_t r1) {
     PathSerialBackend<T> backend{p};
-    for (int64_t r = r0; r < r1; ++r) path_request(p, int32_t(r), backend);
+    for (int64_t r = r0; r < r1; ++r) {
+      path_prefetch_request(p, int32_t(r));
+      path_request(p, int32_t(r), backend);
+    }
   });
 }
 

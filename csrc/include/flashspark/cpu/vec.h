@@ -41,6 +41,29 @@ FS_CPU_CLONES static float dot(int64_t n, const float* __restrict x, const float
   return acc;
 }
 
+// y[i] = w[i] * (x[i] * s): RMSNorm's scaling of a row (y may be x).
+FS_CPU_CLONES static void rms_scale(int64_t n, float s, const float* w, const float* x, float* y) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * s);
+}
+
+// out[r] = sum_i s[r][i] * w[i] for four row vectors s[0..3]: w is read once for the four.
+FS_CPU_CLONES static void dot4(int64_t n, const float* const* s, const float* __restrict w, float* __restrict out) {
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+  const float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+#pragma omp simd reduction(+ : a0, a1, a2, a3)
+  for (int64_t i = 0; i < n; ++i) {
+    a0 += s0[i] * w[i];
+    a1 += s1[i] * w[i];
+    a2 += s2[i] * w[i];
+    a3 += s3[i] * w[i];
+  }
+  out[0] = a0;
+  out[1] = a1;
+  out[2] = a2;
+  out[3] = a3;
+}
+
 // out[r * 16 + j] = sum_i s[r][i] * m[i * 16 + j] for four row vectors s[0..3] and the 16
 // columns j of m [n, 16]: one broadcast multiply-add per row of m and no horizontal sums;
 // m is read once for the four rows, whose four accumulator chains hide the multiply-add

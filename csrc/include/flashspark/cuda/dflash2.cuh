@@ -1,6 +1,7 @@
 // CUDA kernels of the DFlash 2 ops.
 //   two_tap_conv: one thread per (row, 4 channels), 4-wide vectorized loads of x;
-//                 with a delta_weight, first one warp per (row, tap) for the projection.
+//                 with a norm weight, first one warp per row for its RMSNorm scale;
+//                 with a delta_weight, then one warp per (row, tap) for the projection.
 //   topk_select: one block per row; per-thread Top-K lists + online softmax,
 //                merged by a CUB BlockReduce with the same merge as the CPU.
 //   path_select: one block per request; threads share the K x K pair scores,
@@ -30,17 +31,36 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams
   load4(x, c0, p.channels, aligned4(x), cur);
   if (!first) load4(x - p.x_stride, c0, p.channels, aligned4(x - p.x_stride), left);
   const int32_t G = p.groups();
+  const float s = p.norm_weight ? p.row_scale_ws[t] : 1.f;
+  const float s_left = p.norm_weight && !first ? p.row_scale_ws[t - 1] : 1.f;
   T* out = p.out + t * p.channels;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int32_t c = c0 + j;
     if (c >= p.channels) break;
     const int32_t g = c / kConvGroup;
-    float y = (to_float(p.base[c]) + two_tap_delta(p, t, g)) * cur[j];
-    if (!first) y += (to_float(p.base[p.channels + c]) + two_tap_delta(p, t, G + g)) * left[j];
+    float y = (to_float(p.base[c]) + two_tap_delta(p, t, g)) * two_tap_input(p, cur[j], s, c);
+    if (!first)
+      y += (to_float(p.base[p.channels + c]) + two_tap_delta(p, t, G + g)) * two_tap_input(p, left[j], s_left, c);
     if (p.residual) y += to_float(p.residual[t * p.res_stride + c]);
     out[c] = from_float<T>(y);
   }
+}
+
+// The fused RMSNorm's row scales: one warp per row, lanes stride the channels.
+template <class T>
+__global__ void __launch_bounds__(kConvThreads) two_tap_norm_kernel(TwoTapParams<T> p) {
+  const int32_t lane = threadIdx.x % 32;
+  const int64_t t = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) / 32;
+  if (t >= p.rows) return;  // whole warps exit together
+  const T* x = p.x + t * p.x_stride;
+  float ss = 0.f;
+  for (int32_t c = lane; c < p.channels; c += 32) {
+    const float v = to_float(x[c]);
+    ss += v * v;
+  }
+  ss = warp_allreduce_sum(ss);
+  if (lane == 0) p.row_scale_ws[t] = rms_inv(ss, p.channels, p.norm_eps);
 }
 
 // The fused projection: one warp per (row t, tap i), lanes stride the channels, then a
@@ -52,7 +72,7 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_delta_kernel(TwoTapParam
   if (pair >= p.rows * J) return;  // whole warps exit together: pair is uniform across a warp
   const int64_t t = pair / J;
   const int32_t i = int32_t(pair % J);
-  float acc = two_tap_delta_dot(p, t, i, lane, 32);
+  float acc = two_tap_delta_dot(p, t, p.norm_weight ? p.row_scale_ws[t] : 1.f, i, lane, 32);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) p.delta_ws[t * J + i] = acc;
@@ -62,6 +82,11 @@ template <class T>
 cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
   const int64_t work = p.rows * ceil_div(p.channels, 4);
   if (work == 0) return cudaSuccess;
+  if (p.norm_weight) {
+    two_tap_norm_kernel<T><<<unsigned(ceil_div(p.rows * 32, kConvThreads)), kConvThreads, 0, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   if (p.delta_weight) {
     const int64_t warps = p.rows * 2 * p.groups();
     two_tap_delta_kernel<T><<<unsigned(ceil_div(warps * 32, kConvThreads)), kConvThreads, 0, stream>>>(p);
