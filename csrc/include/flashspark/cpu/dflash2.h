@@ -253,36 +253,11 @@ struct PathSerialBackend {
   }
 };
 
-// Requests every embedding row request r's lattice will read (A of the anchor and of each
-// position's candidates but the last's, B of every candidate) before the scores need
-// them: the rows sit at random places of tables that a drafting pass has long since
-// evicted, and misses issued together overlap (in a drafting pass at batch 1 this took
-// path_select from ~31 to ~N us).
-template <class T>
-void path_prefetch_request(const PathParams<T>& p, int32_t r) {
-  constexpr int64_t kLine = 64;
-  const int64_t row_bytes = int64_t(p.rank) * sizeof(T);
-  const auto fetch = [&](const T* table, int32_t id) {
-    const char* row = reinterpret_cast<const char*>(table + int64_t(id) * p.rank);
-    for (int64_t o = 0; o < row_bytes; o += kLine) __builtin_prefetch(row + o);
-  };
-  const int64_t first = int64_t(r) * p.positions * p.k;
-  fetch(p.a_emb, p.anchor[r]);
-  for (int64_t i = 0; i < int64_t(p.positions) * p.k; ++i) {
-    const int32_t id = p.cand_ids[first + i];
-    fetch(p.b_emb, id);
-    if (i < int64_t(p.positions - 1) * p.k) fetch(p.a_emb, id);
-  }
-}
-
 template <class T, class ParallelFor>
 void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
   parallel_for(0, p.requests, 1, [&](int64_t r0, int64_t r1) {
     PathSerialBackend<T> backend{p};
-    for (int64_t r = r0; r < r1; ++r) {
-      path_prefetch_request(p, int32_t(r));
-      path_request(p, int32_t(r), backend);
-    }
+    for (int64_t r = r0; r < r1; ++r) path_request(p, int32_t(r), backend);
   });
 }
 
