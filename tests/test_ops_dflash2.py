@@ -299,6 +299,40 @@ def test_path_matches_reference(device, mode, dtype):
     assert torch.allclose(got[3].sum(-1).cpu(), torch.ones(7, 15), atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["backtrack", "sample"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("positions", [1, 7, 15])
+def test_path_fused_g_matches_reference(device, mode, dtype, positions):
+    """hidden + g_weight: the op computes g = hidden @ g_weight.T itself (fp32), here from
+    strided rows of a wider state (odd D, positions not a multiple of the CPU's four rows)."""
+    cand, unary, a_emb, b_emb, _, anchor = path_inputs(5, positions, 16, vocab=300, rank=24, dtype=dtype,
+                                                     device=device, seed=6, scale=0.3)
+    gen = torch.Generator().manual_seed(8)
+    states = torch.randn(5, positions + 1, 71, generator=gen).to(dtype).to(device)
+    hidden = states[:, 1:]  # non-contiguous, like the drafter's block positions 1..γ-1
+    w_h = (0.3 * torch.randn(24, 71, generator=gen)).to(dtype).to(device)
+    temp = torch.full((5,), 0.9, device=device)
+    seeds = torch.arange(5, dtype=torch.int64, device=device)
+    offsets = torch.full((5,), 3, dtype=torch.int64, device=device)
+    got = flashspark.ops.path_select(cand, unary, a_emb, b_emb, None, anchor, mode=mode, temperature=temp,
+                                     seeds=seeds, offsets=offsets, hidden=hidden, g_weight=w_h)
+    want = path_select_reference(cand, unary, a_emb, b_emb, None, anchor, mode, temp, seeds, offsets, hidden, w_h)
+    for a, b in zip(got[:2], want[:2]):
+        assert torch.equal(a.cpu(), b.cpu())
+    torch.testing.assert_close(got[2].cpu(), want[2].cpu(), atol=1e-3, rtol=1e-3)
+    # The same as passing g computed outside (fp32 g: bf16 g would round it).
+    if dtype == torch.float32:
+        g = hidden @ w_h.t()
+        given = flashspark.ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode=mode, temperature=temp,
+                                           seeds=seeds, offsets=offsets)
+        assert torch.equal(given[1], got[1])
+        torch.testing.assert_close(given[2], got[2], atol=1e-4, rtol=1e-4)
+    # The pair term is read: without it (g = 0) the scores are the unary ones.
+    zero = flashspark.ops.path_select(cand, unary, a_emb, b_emb, None, anchor, mode=mode, temperature=temp,
+                                      seeds=seeds, offsets=offsets, hidden=hidden, g_weight=torch.zeros_like(w_h))
+    assert not torch.allclose(zero[2], got[2])
+
+
 def test_greedy_equals_backtrack_without_pair_terms(device):
     # With zero pair scores the lattice factorizes: every mode picks the unary argmax.
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(3, 5, 16, device=device, seed=3)
@@ -357,6 +391,10 @@ def test_path_opcheck(device):
              torch.zeros(2, dtype=torch.int64, device=device))
     for mode in ("backtrack", "sample"):
         torch.library.opcheck(torch.ops.flashspark.path_select.default, (*args, mode, *extra))
+    hidden = torch.randn(2, 3, 10, device=device)
+    w_h = torch.randn(8, 10, device=device)
+    fused = (*args[:4], None, args[5], "backtrack", *extra, hidden, w_h)
+    torch.library.opcheck(torch.ops.flashspark.path_select.default, fused)
 
 
 PATH_BAD = [
@@ -369,6 +407,13 @@ PATH_BAD = [
     ("g", {"g": torch.zeros(2, 2, 8)}),
     ("temperature", {"temperature": torch.tensor([1.0, -1.0]), "mode": "sample"}),
     ("seeds", {"seeds": torch.zeros(3, dtype=torch.int64)}),
+    ("'g' or both", {"g": None}),
+    ("'g' or both", {"hidden": torch.zeros(2, 3, 10), "g_weight": torch.zeros(8, 10)}),
+    ("'g' or both", {"g": None, "hidden": torch.zeros(2, 3, 10)}),
+    ("hidden", {"g": None, "hidden": torch.zeros(2, 4, 10), "g_weight": torch.zeros(8, 10)}),
+    ("hidden", {"g": None, "hidden": torch.zeros(2, 3, 10, dtype=torch.float64), "g_weight": torch.zeros(8, 10)}),
+    ("g_weight", {"g": None, "hidden": torch.zeros(2, 3, 10), "g_weight": torch.zeros(8, 11)}),
+    ("g_weight", {"g": None, "hidden": torch.zeros(2, 3, 10), "g_weight": torch.zeros(7, 10)}),
 ]
 
 

@@ -161,9 +161,9 @@ TopKParams<T> make_topk_params(const TopKArgs& a, at::Tensor& values, at::Tensor
 }
 
 struct PathArgs {
-  at::Tensor cand_ids, unary, a_emb, b_emb, g, anchor, temperature, seeds, offsets;
+  at::Tensor cand_ids, unary, a_emb, b_emb, g, hidden, g_weight, anchor, temperature, seeds, offsets;
   PathMode mode = PathMode::kBacktrack;
-  int64_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0;
+  int64_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0, hidden_dim = 0;
 };
 
 inline PathMode parse_path_mode(const std::string& mode) {
@@ -175,9 +175,10 @@ inline PathMode parse_path_mode(const std::string& mode) {
 }
 
 inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb,
-                                const at::Tensor& b_emb, const at::Tensor& g, const at::Tensor& anchor,
+                                const at::Tensor& b_emb, const std::optional<at::Tensor>& g, const at::Tensor& anchor,
                                 const std::string& mode, const at::Tensor& temperature, const at::Tensor& seeds,
-                                const at::Tensor& offsets) {
+                                const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
+                                const std::optional<at::Tensor>& g_weight) {
   constexpr const char* op = "path_select";
   PathArgs a;
   a.mode = parse_path_mode(mode);
@@ -185,10 +186,9 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   check_dim(unary, 3, op, "unary");
   check_dim(a_emb, 2, op, "a_emb");
   check_dim(b_emb, 2, op, "b_emb");
-  check_dim(g, 3, op, "g");
   check_dim(anchor, 1, op, "anchor");
   const std::pair<const at::Tensor*, const char*> all[] = {
-      {&unary, "unary"}, {&a_emb, "a_emb"}, {&b_emb, "b_emb"}, {&g, "g"}, {&anchor, "anchor"},
+      {&unary, "unary"}, {&a_emb, "a_emb"}, {&b_emb, "b_emb"}, {&anchor, "anchor"},
       {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
   for (const auto& [t, name] : all) check_device(*t, cand_ids, op, name);
   a.requests = cand_ids.size(0);
@@ -202,12 +202,36 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   check_dtype(unary, at::kFloat, op, "unary");
   check_float_dtype(a_emb, op, "a_emb");
   check_dtype(b_emb, a_emb.scalar_type(), op, "b_emb");
-  check_dtype(g, a_emb.scalar_type(), op, "g");
   TORCH_CHECK(b_emb.sizes() == a_emb.sizes(), "flashspark.path_select: argument 'b_emb' must have the shape of a_emb ",
               a_emb.sizes(), ", got ", b_emb.sizes());
-  TORCH_CHECK(g.size(0) == a.requests && g.size(1) == a.positions && g.size(2) == a.rank,
-              "flashspark.path_select: argument 'g' must have shape [", a.requests, ", ", a.positions, ", ", a.rank,
-              "], got ", g.sizes());
+  TORCH_CHECK(g.has_value() != (hidden.has_value() || g_weight.has_value()) && hidden.has_value() == g_weight.has_value(),
+              "flashspark.path_select: pass either 'g' or both 'hidden' and 'g_weight' (g = hidden @ g_weight.T, ",
+              "computed in the op)");
+  if (g.has_value()) {
+    check_dim(*g, 3, op, "g");
+    check_device(*g, cand_ids, op, "g");
+    check_dtype(*g, a_emb.scalar_type(), op, "g");
+    TORCH_CHECK(g->size(0) == a.requests && g->size(1) == a.positions && g->size(2) == a.rank,
+                "flashspark.path_select: argument 'g' must have shape [", a.requests, ", ", a.positions, ", ", a.rank,
+                "], got ", g->sizes());
+    a.g = g->contiguous();
+  } else {
+    check_dim(*hidden, 3, op, "hidden");
+    check_dim(*g_weight, 2, op, "g_weight");
+    check_device(*hidden, cand_ids, op, "hidden");
+    check_device(*g_weight, cand_ids, op, "g_weight");
+    check_dtype(*hidden, a_emb.scalar_type(), op, "hidden");
+    check_dtype(*g_weight, a_emb.scalar_type(), op, "g_weight");
+    a.hidden_dim = hidden->size(2);
+    TORCH_CHECK(hidden->size(0) == a.requests && hidden->size(1) == a.positions,
+                "flashspark.path_select: argument 'hidden' must have shape [", a.requests, ", ", a.positions,
+                ", D], got ", hidden->sizes());
+    TORCH_CHECK(g_weight->size(0) == a.rank && g_weight->size(1) == a.hidden_dim,
+                "flashspark.path_select: argument 'g_weight' must have shape [", a.rank, ", ", a.hidden_dim,
+                "] (rank of a_emb by hidden's D), got ", g_weight->sizes());
+    a.hidden = inner_contiguous(*hidden);
+    a.g_weight = g_weight->contiguous();
+  }
   const std::pair<const at::Tensor*, const char*> per_request[] = {
       {&anchor, "anchor"}, {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
   for (const auto& [t, name] : per_request) {
@@ -222,7 +246,6 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   a.unary = unary.contiguous();
   a.a_emb = a_emb.contiguous();
   a.b_emb = b_emb.contiguous();
-  a.g = g.contiguous();
   a.temperature = temperature.contiguous();
   a.seeds = seeds.contiguous();
   a.offsets = offsets.contiguous();
@@ -230,7 +253,7 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
 }
 
 struct PathOutputs {
-  at::Tensor tokens, choice, scores, q, lattice, best, backptr;
+  at::Tensor tokens, choice, scores, q, lattice, best, backptr, g_ws;
 };
 
 inline PathOutputs empty_path_outputs(const PathArgs& a) {
@@ -239,7 +262,8 @@ inline PathOutputs empty_path_outputs(const PathArgs& a) {
   return {at::empty({a.requests, a.positions}, i), at::empty({a.requests, a.positions}, i),
           at::empty({a.requests, a.positions, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
           at::empty({a.requests, a.positions, a.k, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
-          at::empty({a.requests, a.positions, a.k}, i)};
+          at::empty({a.requests, a.positions, a.k}, i),
+          a.g_weight.defined() ? at::empty({a.requests, a.positions, a.rank}, f) : at::Tensor()};
 }
 
 template <class T>
@@ -249,7 +273,16 @@ PathParams<T> make_path_params(const PathArgs& a, PathOutputs& o) {
   p.unary = a.unary.const_data_ptr<float>();
   p.a_emb = reinterpret_cast<const T*>(a.a_emb.const_data_ptr());
   p.b_emb = reinterpret_cast<const T*>(a.b_emb.const_data_ptr());
-  p.g = reinterpret_cast<const T*>(a.g.const_data_ptr());
+  if (a.g.defined()) {
+    p.g = reinterpret_cast<const T*>(a.g.const_data_ptr());
+  } else {
+    p.hidden = reinterpret_cast<const T*>(a.hidden.const_data_ptr());
+    p.hidden_stride_r = a.hidden.stride(0);
+    p.hidden_stride_p = a.hidden.stride(1);
+    p.g_weight = reinterpret_cast<const T*>(a.g_weight.const_data_ptr());
+    p.g_ws = o.g_ws.mutable_data_ptr<float>();
+    p.hidden_dim = int32_t(a.hidden_dim);
+  }
   p.anchor = a.anchor.const_data_ptr<int32_t>();
   p.temperature = a.temperature.const_data_ptr<float>();
   p.seeds = a.seeds.const_data_ptr<int64_t>();

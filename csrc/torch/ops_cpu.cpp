@@ -90,9 +90,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor&
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
     const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
-    const at::Tensor& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
-    const at::Tensor& seeds, const at::Tensor& offsets) {
-  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets);
+    const std::optional<at::Tensor>& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
+    const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
+    const std::optional<at::Tensor>& g_weight) {
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
+                                     hidden, g_weight);
   PathOutputs o = empty_path_outputs(a);
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {
     const PathParams<T> p = make_path_params<T>(a, o);

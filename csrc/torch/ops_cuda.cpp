@@ -93,10 +93,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cuda(const at::Tensor
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
     const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
-    const at::Tensor& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
-    const at::Tensor& seeds, const at::Tensor& offsets) {
+    const std::optional<at::Tensor>& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
+    const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
+    const std::optional<at::Tensor>& g_weight) {
   const c10::cuda::CUDAGuard guard(cand_ids.device());
-  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets);
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
+                                     hidden, g_weight);
   PathOutputs o = empty_path_outputs(a);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {

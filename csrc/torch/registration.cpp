@@ -31,8 +31,9 @@ TORCH_LIBRARY(flashspark, m) {
         "Tensor? delta_weight=None, Tensor? norm_weight=None, float norm_eps=1e-6) -> Tensor");
   m.def("topk_select(Tensor logits, int k) -> (Tensor, Tensor, Tensor)");
   m.def(
-      "path_select(Tensor cand_ids, Tensor unary, Tensor a_emb, Tensor b_emb, Tensor g, Tensor anchor, str mode, "
-      "Tensor temperature, Tensor seeds, Tensor offsets) -> (Tensor, Tensor, Tensor, Tensor)");
+      "path_select(Tensor cand_ids, Tensor unary, Tensor a_emb, Tensor b_emb, Tensor? g, Tensor anchor, str mode, "
+      "Tensor temperature, Tensor seeds, Tensor offsets, Tensor? hidden=None, Tensor? g_weight=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "markov_step(Tensor base_logits, Tensor prev_tokens, Tensor w1, Tensor w2, Tensor? bias, Tensor hidden, "
       "Tensor conf_w, Tensor conf_b, Tensor temperature, Tensor seeds, Tensor positions) -> (Tensor, Tensor, Tensor)");

@@ -259,13 +259,15 @@ def path_select(
     unary: torch.Tensor,
     a_emb: torch.Tensor,
     b_emb: torch.Tensor,
-    g: torch.Tensor,
+    g: Optional[torch.Tensor],
     anchor: torch.Tensor,
     *,
     mode: str = "backtrack",
     temperature: Optional[torch.Tensor] = None,
     seeds: Optional[torch.Tensor] = None,
     offsets: Optional[torch.Tensor] = None,
+    hidden: Optional[torch.Tensor] = None,
+    g_weight: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """DFlash 2 path selector over the K-wide candidate lattice of a block.
 
@@ -276,13 +278,18 @@ def path_select(
     Args:
       cand_ids: ``[R, P, K]`` int32/int64 candidate ids per request and position.
       unary: ``[R, P, K]`` fp32 unary scores (e.g. Top-K logits or log-probs).
-      a_emb, b_emb: ``[V, r]`` selector factors; g: ``[R, P, r]`` = W_h h_t (same dtype).
+      a_emb, b_emb: ``[V, r]`` selector factors; g: ``[R, P, r]`` = W_h h_t (same dtype),
+        or None with ``hidden`` and ``g_weight``.
       anchor: ``[R]`` int32/int64 last committed token per request.
       mode: ``"backtrack"`` (max-score path by DP and backtracking),
         ``"greedy"`` (left to right), or ``"sample"`` (left to right, sampled at
         ``temperature`` with Philox; temperature 0 means greedy).
       temperature, seeds, offsets: ``[R]`` fp32 / int64 / int64 (sample mode;
         defaults: 1, 0, 0). Position t draws at ``offsets[r] + t``.
+      hidden, g_weight: ``[R, P, D]`` draft states (rows may be strided) and
+        ``[r, D]`` W_h (a_emb's dtype), instead of ``g``: the op computes
+        ``g = hidden @ g_weight.T`` itself, in fp32 (one op for the selector
+        after Top-K).
 
     Returns ``(tokens [R, P] int32, choice [R, P] int32, scores [R, P, K] fp32,
     q [R, P, K] fp32)``: the chosen token and its index among the candidates,
@@ -298,7 +305,8 @@ def path_select(
         seeds = torch.zeros(r, dtype=torch.int64, device=dev)
     if offsets is None:
         offsets = torch.zeros(r, dtype=torch.int64, device=dev)
-    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets)
+    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
+                                            hidden, g_weight)
 
 
 @torch.library.register_fake("flashspark::two_tap_conv")
@@ -315,7 +323,8 @@ def _topk_select_fake(logits, k):
 
 
 @torch.library.register_fake("flashspark::path_select")
-def _path_select_fake(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets):
+def _path_select_fake(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets, hidden=None,
+                      g_weight=None):
     r, p, k = cand_ids.shape
     return (cand_ids.new_empty((r, p), dtype=torch.int32), cand_ids.new_empty((r, p), dtype=torch.int32),
             unary.new_empty((r, p, k), dtype=torch.float32), unary.new_empty((r, p, k), dtype=torch.float32))

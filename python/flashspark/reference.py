@@ -286,8 +286,12 @@ def path_pair_scores_reference(cand_ids, unary, a_emb, b_emb, g, prev_tokens, t)
     return unary[t].float()[None, :] + ag @ b_emb.float()[cand_ids[t].long()].T
 
 
-def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets):
-    """Oracle of :func:`flashspark.ops.path_select` (plain loops over requests and positions)."""
+def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
+                          hidden=None, g_weight=None):
+    """Oracle of :func:`flashspark.ops.path_select` (plain loops over requests and positions).
+    With g None, g = hidden @ g_weight.T in fp32."""
+    if g is None:
+        g = hidden.float() @ g_weight.float().t()
     requests, positions, k = cand_ids.shape
     tokens = torch.empty(requests, positions, dtype=torch.int32)
     choice = torch.empty(requests, positions, dtype=torch.int32)

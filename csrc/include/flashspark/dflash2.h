@@ -193,7 +193,12 @@ struct PathParams {
   const float* unary = nullptr;       // [R, P, K]
   const T* a_emb = nullptr;           // [V, r]
   const T* b_emb = nullptr;           // [V, r]
-  const T* g = nullptr;               // [R, P, r] = W_h h_t
+  const T* g = nullptr;               // [R, P, r] = W_h h_t, or null with hidden and g_weight:
+  const T* hidden = nullptr;          // [R, P, D] draft states, strides hidden_stride_r / _p (elements)
+  int64_t hidden_stride_r = 0, hidden_stride_p = 0;
+  const T* g_weight = nullptr;        // [r, D] W_h: g computed in the op into g_ws
+  float* g_ws = nullptr;              // [R, P, r] fp32 g from hidden (CUDA: before the path kernel)
+  int32_t hidden_dim = 0;
   const int32_t* anchor = nullptr;    // [R]
   const float* temperature = nullptr; // [R] (sample mode)
   const int64_t* seeds = nullptr;     // [R]
@@ -209,14 +214,35 @@ struct PathParams {
   int32_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0;
 };
 
+// The draft state of row rt = r * P + t.
+template <class T>
+FS_HOST_DEVICE const T* path_hidden_row(const PathParams<T>& p, int64_t rt) {
+  return p.hidden + (rt / p.positions) * p.hidden_stride_r + (rt % p.positions) * p.hidden_stride_p;
+}
+
+// Part of the fused g = W_h h: sum over c = c_begin, c_begin + c_step, ... < D of h_rt[c] * W_h[i, c].
+template <class T>
+FS_HOST_DEVICE float path_g_dot(const PathParams<T>& p, int64_t rt, int32_t i, int32_t c_begin, int32_t c_step) {
+  const T* h = path_hidden_row(p, rt);
+  const T* w = p.g_weight + int64_t(i) * p.hidden_dim;
+  float acc = 0.f;
+  for (int32_t c = c_begin; c < p.hidden_dim; c += c_step) acc += to_float(h[c]) * to_float(w[c]);
+  return acc;
+}
+
+// g_rt[i]: given, or computed by the op (fp32).
+template <class T>
+FS_HOST_DEVICE float path_g(const PathParams<T>& p, int64_t rt, int32_t i) {
+  return p.g_ws ? p.g_ws[rt * p.rank + i] : to_float(p.g[rt * p.rank + i]);
+}
+
 // S_t(a, b) for one predecessor token `prev` and candidate token `cand` at position t.
 template <class T>
 FS_HOST_DEVICE float path_pair_score(const PathParams<T>& p, int64_t rt, int32_t prev, int32_t cand, float unary) {
   const T* ar = p.a_emb + int64_t(prev) * p.rank;
   const T* br = p.b_emb + int64_t(cand) * p.rank;
-  const T* gr = p.g + rt * p.rank;
   float dot = 0.f;
-  for (int32_t i = 0; i < p.rank; ++i) dot += to_float(ar[i]) * to_float(gr[i]) * to_float(br[i]);
+  for (int32_t i = 0; i < p.rank; ++i) dot += to_float(ar[i]) * path_g(p, rt, i) * to_float(br[i]);
   return unary + dot;
 }
 

@@ -246,15 +246,15 @@ class DFlash2Drafter(DFlashDrafter):
             m.reset_identity()
 
     # ------------------------------------------------------------ selector
-    def lattice(self, hidden: torch.Tensor, use_ops: bool | None = None):
+    def lattice(self, hidden: torch.Tensor, use_ops: bool | None = None, with_g: bool = True):
         """Top-K lattice of final-normed draft states hidden [..., D]:
-        (cand_ids [..., K] int32, unary log-probs [..., K] fp32, g = W_h h [..., r])."""
+        (cand_ids [..., K] int32, unary log-probs [..., K] fp32, g = W_h h [..., r], or None
+        without `with_g`: path_select computes it)."""
         use_ops = self.use_ops if use_ops is None else use_ops
         logits = self.logits(hidden)
         topk = ops.topk_select if use_ops else reference.topk_select_reference
         values, ids, lse = topk(logits, self.config.selector_topk)
-        g = self.selector.w_h(hidden)
-        return ids, values - lse[..., None], g
+        return ids, values - lse[..., None], (self.selector.w_h(hidden) if with_g else None)
 
     @torch.no_grad()
     def propose(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, mode: str = "backtrack",
@@ -268,11 +268,17 @@ class DFlash2Drafter(DFlashDrafter):
         Draft k (1..γ-1) draws at Philox position ``offsets[b] + k - 1``, like the loop's DFlash drafts.
         """
         hidden = self.draft_hidden(cache, anchor, ctx_lens)[:, 1:]
-        cand_ids, unary, g = self.lattice(hidden)
+        cand_ids, unary, _ = self.lattice(hidden, with_g=False)
         select = ops.path_select if self.use_ops else _path_select_reference
-        dtype = self.selector.a_emb.dtype
-        tokens, choice, scores, q = select(cand_ids, unary, self.selector.a_emb, self.selector.b_emb, g.to(dtype),
-                                           anchor, mode=mode, temperature=temperature, seeds=seeds, offsets=offsets)
+        sel, w_h = self.selector, self.selector.w_h.weight
+        if hidden.dtype != sel.a_emb.dtype:  # (a no-op `.to` still costs microseconds)
+            hidden = hidden.to(sel.a_emb.dtype)
+        if w_h.dtype != sel.a_emb.dtype:
+            w_h = w_h.to(sel.a_emb.dtype)
+        # g = W_h h inside the op (one op fewer per draft).
+        tokens, choice, scores, q = select(cand_ids, unary, sel.a_emb, sel.b_emb, None, anchor, mode=mode,
+                                           temperature=temperature, seeds=seeds, offsets=offsets, hidden=hidden,
+                                           g_weight=w_h)
         return (tokens.long(), cand_ids, (q if mode == "sample" else None),
                 path_signals(scores, choice, unary) if signals else None)
 
@@ -298,13 +304,14 @@ class DFlash2Drafter(DFlashDrafter):
 
 
 def _path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, *, mode, temperature=None, seeds=None,
-                           offsets=None):
+                           offsets=None, hidden=None, g_weight=None):
     """`reference.path_select_reference` with `ops.path_select`'s keyword defaults."""
     r, dev = cand_ids.shape[0], cand_ids.device
     temperature = torch.ones(r, device=dev) if temperature is None else temperature
     seeds = torch.zeros(r, dtype=torch.int64, device=dev) if seeds is None else seeds
     offsets = torch.zeros(r, dtype=torch.int64, device=dev) if offsets is None else offsets
-    return reference.path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets)
+    return reference.path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
+                                           hidden, g_weight)
 
 
 # ---------------------------------------------------------------------- I/O

@@ -198,9 +198,14 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
   });
 }
 
+// Rows per task: at least ~32K logits (torch's own grain), so a drafter's few rows at a small
+// vocabulary (7 x 4096 at batch 1) run on the calling thread instead of waking the pool.
+constexpr int64_t kTopKGrainLogits = 32768;
+
 template <class T, class ParallelFor>
 void topk_select_cpu(const TopKParams<T>& p, const ParallelFor& parallel_for) {
-  parallel_for(0, p.rows, 1, [&](int64_t r0, int64_t r1) {
+  const int64_t grain = std::max<int64_t>(1, kTopKGrainLogits / std::max<int64_t>(p.vocab, 1));
+  parallel_for(0, p.rows, grain, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = p.logits + r * p.row_stride;
       const TopKState s = chunked_reduce(
@@ -230,7 +235,6 @@ struct PathSerialBackend {
         for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
       return;
     }
-    const T* gr = p.g + rt * p.rank;
     float panel[kMaxPathRank * kPanel], ag[4][kMaxPathRank], rows[4 * kPanel];
     for (int32_t b = 0; b < kPanel; ++b) {
       const T* brow = b < p.k ? p.b_emb + int64_t(cand[b]) * p.rank : nullptr;
@@ -242,7 +246,7 @@ struct PathSerialBackend {
       for (int32_t j = 0; j < 4; ++j) {
         if (j < na) {
           const T* ar = p.a_emb + int64_t(prev[a0 + j]) * p.rank;
-          for (int32_t i = 0; i < p.rank; ++i) ag[j][i] = to_float(ar[i]) * to_float(gr[i]);
+          for (int32_t i = 0; i < p.rank; ++i) ag[j][i] = to_float(ar[i]) * path_g(p, rt, i);
         }
         s[j] = ag[j < na ? j : 0];
       }
@@ -253,11 +257,43 @@ struct PathSerialBackend {
   }
 };
 
+// The fused g = W_h h of request r's P rows into g_ws: four rows at a time, a dot product
+// per rank index over W_h's rows (wf: W_h as fp32 [r, D]); h rows as fp32 in buf [4, D].
+template <class T>
+void path_g_request(const PathParams<T>& p, int32_t r, const float* wf, float* buf) {
+  const int32_t D = p.hidden_dim;
+  for (int32_t t0 = 0; t0 < p.positions; t0 += 4) {
+    const int32_t n = std::min(4, p.positions - t0);
+    const float* h[4];
+    for (int32_t j = 0; j < 4; ++j) {
+      const T* row = path_hidden_row(p, int64_t(r) * p.positions + t0 + std::min(j, n - 1));
+      if constexpr (std::is_same_v<T, float>) {
+        h[j] = row;
+      } else {
+        for (int32_t c = 0; c < D; ++c) buf[j * D + c] = to_float(row[c]);
+        h[j] = buf + j * D;
+      }
+    }
+    float* g = p.g_ws + (int64_t(r) * p.positions + t0) * p.rank;
+    for (int32_t i = 0; i < p.rank; ++i) {
+      float acc[4];
+      dot4(D, h, wf + int64_t(i) * D, acc);
+      for (int32_t j = 0; j < n; ++j) g[j * p.rank + i] = acc[j];
+    }
+  }
+}
+
 template <class T, class ParallelFor>
 void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
+  std::vector<float> w_buf;
+  const float* wf = p.g_weight ? as_f32_buffer(p.g_weight, size_t(p.rank) * p.hidden_dim, w_buf) : nullptr;
   parallel_for(0, p.requests, 1, [&](int64_t r0, int64_t r1) {
     PathSerialBackend<T> backend{p};
-    for (int64_t r = r0; r < r1; ++r) path_request(p, int32_t(r), backend);
+    std::vector<float> h_buf(p.g_weight && !std::is_same_v<T, float> ? size_t(4) * p.hidden_dim : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (p.g_weight) path_g_request(p, int32_t(r), wf, h_buf.data());
+      path_request(p, int32_t(r), backend);
+    }
   });
 }
 

@@ -5,7 +5,8 @@
 //   topk_select: one block per row; per-thread Top-K lists + online softmax,
 //                merged by a CUB BlockReduce with the same merge as the CPU.
 //   path_select: one block per request; threads share the K x K pair scores,
-//                the leader runs the DP / greedy / sampled step.
+//                the leader runs the DP / greedy / sampled step; with a g_weight,
+//                first one warp per (row, rank index) for g = W_h h.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -165,9 +166,28 @@ __global__ void __launch_bounds__(kPathThreads) path_select_kernel(PathParams<T>
   path_request(p, r, backend);
 }
 
+// The fused g = W_h h: one warp per (row rt, rank index i), lanes stride the hidden
+// channels, then a butterfly sum into g_ws for the path kernel that follows on the stream.
+template <class T>
+__global__ void __launch_bounds__(kPathThreads) path_g_kernel(PathParams<T> p) {
+  const int32_t lane = threadIdx.x % 32;
+  const int64_t pair = (int64_t(blockIdx.x) * kPathThreads + threadIdx.x) / 32;
+  if (pair >= int64_t(p.requests) * p.positions * p.rank) return;  // whole warps exit together
+  const int64_t rt = pair / p.rank;
+  const int32_t i = int32_t(pair % p.rank);
+  const float acc = warp_allreduce_sum(path_g_dot(p, rt, i, lane, 32));
+  if (lane == 0) p.g_ws[rt * p.rank + i] = acc;
+}
+
 template <class T>
 cudaError_t launch_path_select(const PathParams<T>& p, cudaStream_t stream) {
   if (p.requests == 0 || p.positions == 0) return cudaSuccess;
+  if (p.g_weight) {
+    const int64_t warps = int64_t(p.requests) * p.positions * p.rank;
+    path_g_kernel<T><<<unsigned(ceil_div(warps * 32, kPathThreads)), kPathThreads, 0, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   path_select_kernel<T><<<unsigned(p.requests), kPathThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
