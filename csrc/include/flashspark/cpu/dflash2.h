@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -39,22 +40,6 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   return st;
 }
 
-// The conv's small operands as fp32: base [2, C] and, with a fused projection, its weight
-// W [2G, C]. Few rows take the taps as dot products over W's rows, four rows at a time
-// (fp32 operands are read in place: nothing is built per call). Many rows take them from
-// W^T in strips of 16 columns ([ceil(2G / 16)][C][16], zero-padded) as vecmat16x4 products
-// (register accumulators, no horizontal sums), which repay the transposition from
-// kTwoTapStripRows rows up.
-constexpr int64_t kTwoTapStripRows = 16;
-
-struct TwoTapCpuConsts {
-  std::vector<float> base_buf, w_buf, norm_buf;  // fp32 copies, when the operands are not fp32 or W goes to strips
-  const float* base = nullptr;
-  const float* norm = nullptr;  // the norm weight [C], or null
-  const float* w = nullptr;  // W [2G, C], or its strips when strips > 0
-  int32_t strips = 0;
-};
-
 template <class T>
 const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
   if constexpr (std::is_same_v<T, float>) {
@@ -66,25 +51,49 @@ const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
   }
 }
 
-template <class T>
-TwoTapCpuConsts two_tap_cpu_consts(const TwoTapParams<T>& p) {
-  const int32_t C = p.channels, J = 2 * p.groups();
-  TwoTapCpuConsts k;
-  k.base = as_f32_buffer(p.base, size_t(2) * C, k.base_buf);
-  if (p.norm_weight) k.norm = as_f32_buffer(p.norm_weight, size_t(C), k.norm_buf);
-  if (!p.delta_weight) return k;
-  if (p.rows < kTwoTapStripRows) {
-    k.w = as_f32_buffer(p.delta_weight, size_t(J) * C, k.w_buf);
-    return k;
+// y[t, j] = sum_c x[t, c] * W[j, c] for a small W [J, C] (the conv's taps from delta_weight,
+// path_select's g from W_h), four rows at a time, fp32. Few rows take dot products over
+// W's rows (an fp32 W is read in place: nothing is built per call). Many rows take
+// W^T in strips of 16 columns ([ceil(J / 16)][C][16], zero-padded) as vecmat16x4 products
+// (register accumulators, no horizontal sums, about twice the rate), which repay the
+// transposition from kStripRows rows up (measured at C = 256, J = 32).
+struct RowProjection {
+  static constexpr int64_t kStripRows = 16;
+  std::vector<float> buf;
+  const float* w = nullptr;  // W [J, C], or its strips when strips > 0
+  int32_t J = 0, C = 0, strips = 0;
+
+  template <class T>
+  RowProjection(const T* weight, int32_t out_dim, int32_t in_dim, int64_t rows) : J(out_dim), C(in_dim) {
+    if (rows < kStripRows) {
+      w = as_f32_buffer(weight, size_t(J) * C, buf);
+      return;
+    }
+    strips = (J + 15) / 16;
+    buf.assign(size_t(strips) * C * 16, 0.f);
+    for (int32_t j = 0; j < J; ++j)
+      for (int32_t c = 0; c < C; ++c) buf[(size_t(j / 16) * C + c) * 16 + j % 16] = to_float(weight[int64_t(j) * C + c]);
+    w = buf.data();
   }
-  k.strips = (J + 15) / 16;
-  k.w_buf.assign(size_t(k.strips) * C * 16, 0.f);
-  for (int32_t i = 0; i < J; ++i)
-    for (int32_t c = 0; c < C; ++c)
-      k.w_buf[(size_t(i / 16) * C + c) * 16 + i % 16] = to_float(p.delta_weight[int64_t(i) * C + c]);
-  k.w = k.w_buf.data();
-  return k;
-}
+
+  // Rows x[0..3] (pad with copies past n), results for the first n at y + r * y_stride.
+  void apply4(const float* const* x, int32_t n, float* y, int64_t y_stride) const {
+    if (strips == 0) {
+      for (int32_t j = 0; j < J; ++j) {
+        float acc[4];
+        dot4(C, x, w + size_t(j) * C, acc);
+        for (int32_t r = 0; r < n; ++r) y[r * y_stride + j] = acc[r];
+      }
+      return;
+    }
+    float out[64];
+    for (int32_t s = 0; s < strips; ++s) {
+      vecmat16x4(C, x, w + size_t(s) * C * 16, out);
+      const int32_t width = std::min(16, J - 16 * s);
+      for (int32_t r = 0; r < n; ++r) std::copy_n(out + 16 * r, width, y + r * y_stride + 16 * s);
+    }
+  }
+};
 
 // One row of the conv on fp32 buffers: x row, left row (null at a block start), the
 // row's 2G taps d, optional residual row. Group by group, so the 16 channels of a group
@@ -137,7 +146,11 @@ template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
   constexpr bool kF32 = std::is_same_v<T, float>;  // fp32 rows are read and written in place (unnormalized)
   const int32_t C = p.channels, G = p.groups(), J = 2 * G;
-  const TwoTapCpuConsts k = two_tap_cpu_consts(p);
+  std::vector<float> base_buf, norm_buf;  // fp32 copies, when the operands are not fp32
+  const float* base = as_f32_buffer(p.base, size_t(2) * C, base_buf);
+  const float* norm = p.norm_weight ? as_f32_buffer(p.norm_weight, size_t(C), norm_buf) : nullptr;
+  const std::optional<RowProjection> taps =
+      p.delta_weight ? std::optional<RowProjection>(std::in_place, p.delta_weight, J, C, p.rows) : std::nullopt;
   const auto as_f32 = [C](const T* src, float* dst) -> const float* {
     if constexpr (kF32) {
       return src;
@@ -149,37 +162,27 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
   // Row t of the conv's input as fp32: x's row, RMS-normalized into dst with a norm weight.
   const auto input_row = [&](int64_t t, float* dst) -> const float* {
     const float* v = as_f32(p.x + t * p.x_stride, dst);
-    if (!k.norm) return v;
-    rms_scale(C, rms_inv(dot(C, v, v), C, p.norm_eps), k.norm, v, dst);
+    if (!norm) return v;
+    rms_scale(C, rms_inv(dot(C, v, v), C, p.norm_eps), norm, v, dst);
     return dst;
   };
   // At least ~16K channels of rows per task: below that (e.g. 32 rows of 256 channels, ~18 us)
   // waking a second thread between a drafter's small ops costs more than it saves.
   const int64_t grain = std::max<int64_t>(16, 16384 / std::max<int32_t>(C, 1));
   parallel_for(0, p.rows, grain, [&](int64_t t0, int64_t t1) {
-    // Rows go four at a time: their x rows as fp32 (xp), then their taps d [4][JS].
-    const int32_t JS = (J + 15) / 16 * 16;  // taps per row in d, room for whole strips
-    std::vector<float> buf(size_t(7) * C + size_t(4) * JS + 64);
-    float *xr = buf.data(), *xl = xr + size_t(4) * C, *rr = xl + C, *yr = rr + C, *d = yr + C, *tap4 = d + size_t(4) * JS;
+    // Rows go four at a time: their x rows as fp32 (xp), then their taps d [4][J].
+    std::vector<float> buf(size_t(7) * C + size_t(4) * J);
+    float *xr = buf.data(), *xl = xr + size_t(4) * C, *rr = xl + C, *yr = rr + C, *d = yr + C;
     for (int64_t tb = t0; tb < t1; tb += 4) {
       const int32_t nr = int32_t(std::min<int64_t>(4, t1 - tb));
       const float* xp[4];
       for (int32_t r = 0; r < 4; ++r)
         xp[r] = r < nr ? input_row(tb + r, xr + size_t(r) * C) : xp[0];
-      if (p.delta_weight && k.strips == 0) {  // a row's taps depend on that row only
-        for (int32_t i = 0; i < J; ++i) {
-          float acc[4];
-          dot4(C, xp, k.w + size_t(i) * C, acc);
-          for (int32_t r = 0; r < nr; ++r) d[size_t(r) * JS + i] = acc[r];
-        }
-      } else if (p.delta_weight) {
-        for (int32_t s = 0; s < k.strips; ++s) {
-          vecmat16x4(C, xp, k.w + size_t(s) * C * 16, tap4);
-          for (int32_t r = 0; r < nr; ++r) std::copy_n(tap4 + 16 * r, 16, d + size_t(r) * JS + s * 16);
-        }
+      if (taps) {  // a row's taps depend on that row only
+        taps->apply4(xp, nr, d, J);
       } else {
         for (int32_t r = 0; r < nr; ++r)
-          for (int32_t i = 0; i < J; ++i) d[size_t(r) * JS + i] = to_float(p.delta[(tb + r) * J + i]);
+          for (int32_t i = 0; i < J; ++i) d[size_t(r) * J + i] = to_float(p.delta[(tb + r) * J + i]);
       }
       for (int32_t r = 0; r < nr; ++r) {
         const int64_t t = tb + r;
@@ -188,9 +191,9 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
         const float* res = p.residual ? as_f32(p.residual + t * p.res_stride, rr) : nullptr;
         T* out = p.out + t * C;
         if constexpr (kF32) {
-          two_tap_row(C, G, k.base, d + size_t(r) * JS, xp[r], left, res, out);
+          two_tap_row(C, G, base, d + size_t(r) * J, xp[r], left, res, out);
         } else {
-          two_tap_row(C, G, k.base, d + size_t(r) * JS, xp[r], left, res, yr);
+          two_tap_row(C, G, base, d + size_t(r) * J, xp[r], left, res, yr);
           for (int32_t c = 0; c < C; ++c) out[c] = from_float<T>(yr[c]);
         }
       }
@@ -257,10 +260,10 @@ struct PathSerialBackend {
   }
 };
 
-// The fused g = W_h h of request r's P rows into g_ws: four rows at a time, a dot product
-// per rank index over W_h's rows (wf: W_h as fp32 [r, D]); h rows as fp32 in buf [4, D].
+// The fused g = W_h h of request r's P rows into g_ws, four rows at a time; h rows as
+// fp32 in buf [4, D] when T is not fp32.
 template <class T>
-void path_g_request(const PathParams<T>& p, int32_t r, const float* wf, float* buf) {
+void path_g_request(const PathParams<T>& p, int32_t r, const RowProjection& w_h, float* buf) {
   const int32_t D = p.hidden_dim;
   for (int32_t t0 = 0; t0 < p.positions; t0 += 4) {
     const int32_t n = std::min(4, p.positions - t0);
@@ -274,24 +277,21 @@ void path_g_request(const PathParams<T>& p, int32_t r, const float* wf, float* b
         h[j] = buf + j * D;
       }
     }
-    float* g = p.g_ws + (int64_t(r) * p.positions + t0) * p.rank;
-    for (int32_t i = 0; i < p.rank; ++i) {
-      float acc[4];
-      dot4(D, h, wf + int64_t(i) * D, acc);
-      for (int32_t j = 0; j < n; ++j) g[j * p.rank + i] = acc[j];
-    }
+    w_h.apply4(h, n, p.g_ws + (int64_t(r) * p.positions + t0) * p.rank, p.rank);
   }
 }
 
 template <class T, class ParallelFor>
 void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
-  std::vector<float> w_buf;
-  const float* wf = p.g_weight ? as_f32_buffer(p.g_weight, size_t(p.rank) * p.hidden_dim, w_buf) : nullptr;
+  const std::optional<RowProjection> w_h =
+      p.g_weight ? std::optional<RowProjection>(std::in_place, p.g_weight, p.rank, p.hidden_dim,
+                                                int64_t(p.requests) * p.positions)
+                 : std::nullopt;
   parallel_for(0, p.requests, 1, [&](int64_t r0, int64_t r1) {
     PathSerialBackend<T> backend{p};
     std::vector<float> h_buf(p.g_weight && !std::is_same_v<T, float> ? size_t(4) * p.hidden_dim : 0);
     for (int64_t r = r0; r < r1; ++r) {
-      if (p.g_weight) path_g_request(p, int32_t(r), wf, h_buf.data());
+      if (w_h) path_g_request(p, int32_t(r), *w_h, h_buf.data());
       path_request(p, int32_t(r), backend);
     }
   });
