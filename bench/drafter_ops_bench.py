@@ -5,8 +5,10 @@
   inject_context_kv          vs  the unfused path (RMSNorm, RoPE, indexed writes)
   two_tap_conv               vs  the reference (PyTorch ops)
   two_tap_conv + delta_weight vs  the taps' projection as a linear, then the op
+  two_tap_conv + norm_weight  vs  RMSNorm in torch ops, then the op (both with delta_weight)
   topk_select                vs  torch.topk + torch.logsumexp
   path_select                vs  the reference
+  path_select + g_weight     vs  W_h as a linear, then the op
   markov_step                vs  the unfused path (gather, matmul, softmax, sampling)
 
 Reports median times, ratios, and effective GB/s over the bytes each op must
@@ -31,6 +33,7 @@ from flashspark.reference import (
     inject_context_kv_reference,
     markov_step_reference,
     path_select_reference,
+    rms_norm,
     rope_cos_sin_cache,
     two_tap_conv_reference,
 )
@@ -147,6 +150,25 @@ def bench_conv_fused(rows, channels, dtype, device, repeats):
                 elem * (3 * rows * channels + 2 * groups * channels))
 
 
+def bench_conv_prepared(rows, channels, dtype, device, repeats):
+    """DFlash 2's prepare conv: RMSNorm and the dynamic conv in one op (norm_weight +
+    delta_weight) vs Qwen3's RMSNorm in torch ops followed by the op."""
+    g = torch.Generator().manual_seed(5)
+    groups = (channels + 15) // 16
+    x = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    base = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    w = (0.05 * torch.randn(2 * groups, channels, generator=g)).to(dtype).to(device)
+    nw = (1 + 0.1 * torch.randn(channels, generator=g)).to(dtype).to(device)
+    conv = flashspark.ops.two_tap_conv
+    t_op = median_time(lambda: conv(x, base, None, 8, delta_weight=w, norm_weight=nw), repeats, device)
+    t_unf = median_time(lambda: conv(rms_norm(x, nw, 1e-6), base, None, 8, delta_weight=w), repeats, device)
+    t_ref = median_time(lambda: two_tap_conv_reference(x, base, None, 8, delta_weight=w, norm_weight=nw), repeats,
+                        device)
+    elem = x.element_size()
+    return _row("two_tap_conv+norm+proj", f"N{rows} C{channels}", dtype, t_op, t_unf, "rms_norm+two_tap_conv", t_ref,
+                elem * (2 * rows * channels + (2 * groups + 3) * channels))
+
+
 def bench_topk(rows, vocab, dtype, device, repeats):
     logits = torch.randn(rows, vocab, device=device).to(dtype)
     t_op = median_time(lambda: flashspark.ops.topk_select(logits, 16), repeats, device)
@@ -174,6 +196,26 @@ def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
     bytes_moved = 4 * (2 * requests * positions * k * rank + requests * positions * (rank + 2 * k))
     return _row("path_select", f"R{requests} P{positions} K{k} r{rank} {mode}", torch.float32, t_op, t_ref,
                 "reference", None, bytes_moved)
+
+
+def bench_path_fused_g(requests, positions, k, vocab, rank, hidden_dim, device, repeats):
+    """path_select computing g = W_h h itself (hidden, g_weight) vs W_h as a linear, then the op."""
+    g = torch.Generator().manual_seed(6)
+    cand = torch.randint(0, vocab, (requests, positions, k), generator=g, dtype=torch.int32).to(device)
+    unary = torch.randn(requests, positions, k, generator=g).to(device)
+    a_emb = torch.randn(vocab, rank, generator=g).to(device)
+    b_emb = torch.randn(vocab, rank, generator=g).to(device)
+    hidden = torch.randn(requests, positions, hidden_dim, generator=g).to(device)
+    w_h = (0.05 * torch.randn(rank, hidden_dim, generator=g)).to(device)
+    anchor = torch.randint(0, vocab, (requests,), generator=g, dtype=torch.int32).to(device)
+    select = flashspark.ops.path_select
+    t_op = median_time(lambda: select(cand, unary, a_emb, b_emb, None, anchor, hidden=hidden, g_weight=w_h), repeats,
+                       device)
+    t_unf = median_time(lambda: select(cand, unary, a_emb, b_emb, F.linear(hidden, w_h), anchor), repeats, device)
+    bytes_moved = 4 * (2 * requests * positions * k * rank + requests * positions * (hidden_dim + 2 * k)
+                       + rank * hidden_dim)
+    return _row("path_select+g", f"R{requests} P{positions} K{k} r{rank} D{hidden_dim}", torch.float32, t_op, t_unf,
+                "linear+path_select", None, bytes_moved)
 
 
 def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
@@ -255,6 +297,8 @@ def main(argv=None):
         for rows_, channels in [(8, 256), (256, 256), (2048, 4096)]:
             rows.append(bench_conv_fused(rows_, channels, dtype, device, repeats))
             print_row(rows[-1])
+            rows.append(bench_conv_prepared(rows_, channels, dtype, device, repeats))
+            print_row(rows[-1])
         for nrows, vocab in [(8, 4096), (64, 151936)] + ([] if args.quick else [(512, 151936)]):
             rows.append(bench_topk(nrows, vocab, dtype, device, repeats))
             print_row(rows[-1])
@@ -265,6 +309,9 @@ def main(argv=None):
             print_row(rows[-1])
     for mode in ("backtrack", "sample"):
         rows.append(bench_path(32, 15, 16, 4096, 64, mode, device, repeats))
+        print_row(rows[-1])
+    for requests in (1, 32):  # the embedded drafter's shapes: γ - 1 = 7 positions, D = 256
+        rows.append(bench_path_fused_g(requests, 7, 16, 4096, 64, 256, device, repeats))
         print_row(rows[-1])
     result = dict(
         benchmark="drafter_ops",
