@@ -238,7 +238,10 @@ struct PathSerialBackend {
         for (int32_t b = 0; b < p.k; ++b) out[a * p.k + b] = path_pair_score(p, rt, prev[a], cand[b], unary[b]);
       return;
     }
-    float panel[kMaxPathRank * kPanel], ag[4][kMaxPathRank], rows[4 * kPanel];
+    float panel[kMaxPathRank * kPanel], ag[4][kMaxPathRank], rows[4 * kPanel], g_row[kMaxPathRank];
+    const float* gr = p.g_ws ? p.g_ws + rt * p.rank : g_row;  // g_t as fp32, read once
+    if (!p.g_ws)
+      for (int32_t i = 0; i < p.rank; ++i) g_row[i] = to_float(p.g[rt * p.rank + i]);
     for (int32_t b = 0; b < kPanel; ++b) {
       const T* brow = b < p.k ? p.b_emb + int64_t(cand[b]) * p.rank : nullptr;
       for (int32_t i = 0; i < p.rank; ++i) panel[i * kPanel + b] = brow ? to_float(brow[i]) : 0.f;
@@ -249,7 +252,7 @@ struct PathSerialBackend {
       for (int32_t j = 0; j < 4; ++j) {
         if (j < na) {
           const T* ar = p.a_emb + int64_t(prev[a0 + j]) * p.rank;
-          for (int32_t i = 0; i < p.rank; ++i) ag[j][i] = to_float(ar[i]) * path_g(p, rt, i);
+          for (int32_t i = 0; i < p.rank; ++i) ag[j][i] = to_float(ar[i]) * gr[i];
         }
         s[j] = ag[j < na ? j : 0];
       }
