@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
-import sys
 
 import torch
 
@@ -34,7 +32,7 @@ from flashspark.models.io import load_model
 from flashspark.models.qwen3 import RMSNorm
 from flashspark.spec.loop import draft_block, draft_dflash_block
 from flashspark.spec.methods import load_method_drafter
-from timing import median_time, run_info
+from timing import median_time, write_result
 
 
 def identity_conv(self, x, residual=None, norm=None):
@@ -81,6 +79,10 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
                 "backbone": (backbone, True), "dflash": (pass_of(dflash, cache1), False)}
     times = {k: [] for k in variants}
     cpu = torch.device("cpu")
+    for fn, identity in variants.values():  # warm every variant before the first round
+        with convs_as_identity() if identity else contextlib.nullcontext():
+            for _ in range(5):
+                fn()
     for _ in range(rounds):
         for name, (fn, identity) in variants.items():
             with convs_as_identity() if identity else contextlib.nullcontext():
@@ -130,14 +132,8 @@ def main(argv=None):
             print(f"{batch:>5} | {m['dflash2']:>8.3f} {m['no-convs']:>8.3f} {m['backbone']:>8.3f} {m['dflash']:>8.3f} | "
                   f"{r['dflash2_over_backbone']:>10.3f}x {100 * r['convs_over_backbone']:>+6.1f}% "
                   f"{100 * r['selector_over_backbone']:>+7.1f}% | {r['dflash2_over_dflash']:>8.3f}x", flush=True)
-    result = dict(benchmark="draft_overhead",
-                  command=" ".join(["python", "bench/draft_overhead_bench.py"] + (argv if argv is not None else sys.argv[1:])),
-                  **run_info(torch.device("cpu")), rows=rows)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "draft_overhead_bench.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {os.path.relpath(out)}")
+    write_result("draft_overhead", "bench/draft_overhead_bench.py", argv, torch.device("cpu"), rows, out)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ touch. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +35,7 @@ from flashspark.reference import (
     rope_cos_sin_cache,
     two_tap_conv_reference,
 )
-from timing import median_time, run_info
+from timing import median_time, write_result
 
 
 def unfused_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
@@ -178,14 +176,20 @@ def bench_topk(rows, vocab, dtype, device, repeats):
                 logits.element_size() * rows * vocab)
 
 
-def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
-    g = torch.Generator().manual_seed(3)
+def path_bench_inputs(requests, positions, k, vocab, rank, device, seed):
+    """cand_ids, unary, a_emb, b_emb, anchor of a random lattice, and the generator for more."""
+    g = torch.Generator().manual_seed(seed)
     cand = torch.randint(0, vocab, (requests, positions, k), generator=g, dtype=torch.int32).to(device)
     unary = torch.randn(requests, positions, k, generator=g).to(device)
     a_emb = torch.randn(vocab, rank, generator=g).to(device)
     b_emb = torch.randn(vocab, rank, generator=g).to(device)
-    gg = torch.randn(requests, positions, rank, generator=g).to(device)
     anchor = torch.randint(0, vocab, (requests,), generator=g, dtype=torch.int32).to(device)
+    return cand, unary, a_emb, b_emb, anchor, g
+
+
+def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
+    cand, unary, a_emb, b_emb, anchor, g = path_bench_inputs(requests, positions, k, vocab, rank, device, 3)
+    gg = torch.randn(requests, positions, rank, generator=g).to(device)
     temp = torch.ones(requests, device=device)
     seeds = torch.arange(requests, dtype=torch.int64, device=device)
     offs = torch.zeros(requests, dtype=torch.int64, device=device)
@@ -200,14 +204,9 @@ def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
 
 def bench_path_fused_g(requests, positions, k, vocab, rank, hidden_dim, device, repeats):
     """path_select computing g = W_h h itself (hidden, g_weight) vs W_h as a linear, then the op."""
-    g = torch.Generator().manual_seed(6)
-    cand = torch.randint(0, vocab, (requests, positions, k), generator=g, dtype=torch.int32).to(device)
-    unary = torch.randn(requests, positions, k, generator=g).to(device)
-    a_emb = torch.randn(vocab, rank, generator=g).to(device)
-    b_emb = torch.randn(vocab, rank, generator=g).to(device)
+    cand, unary, a_emb, b_emb, anchor, g = path_bench_inputs(requests, positions, k, vocab, rank, device, 6)
     hidden = torch.randn(requests, positions, hidden_dim, generator=g).to(device)
     w_h = (0.05 * torch.randn(rank, hidden_dim, generator=g)).to(device)
-    anchor = torch.randint(0, vocab, (requests,), generator=g, dtype=torch.int32).to(device)
     select = flashspark.ops.path_select
     t_op = median_time(lambda: select(cand, unary, a_emb, b_emb, None, anchor, hidden=hidden, g_weight=w_h), repeats,
                        device)
@@ -313,16 +312,9 @@ def main(argv=None):
     for requests in (1, 32):  # the embedded drafter's shapes: γ - 1 = 7 positions, D = 256
         rows.append(bench_path_fused_g(requests, 7, 16, 4096, 64, 256, device, repeats))
         print_row(rows[-1])
-    result = dict(
-        benchmark="drafter_ops",
-        command=" ".join(["python", "bench/drafter_ops_bench.py"] + (argv if argv is not None else sys.argv[1:])),
-        **run_info(device), rows=rows)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    f"drafter_ops_bench_{device.type}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {os.path.relpath(out)}")
+    write_result("drafter_ops", "bench/drafter_ops_bench.py", argv, device, rows, out)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -37,3 +39,16 @@ def run_info(device: torch.device) -> dict:
         torch=torch.__version__,
         device=str(device),
     )
+
+
+def write_result(benchmark: str, script: str, argv, device: torch.device, rows: list, out: str) -> dict:
+    """The JSON every benchmark writes: its name, the command that produced it (script +
+    argv, or the process's own arguments), run_info and the rows; returns it."""
+    result = dict(benchmark=benchmark,
+                  command=" ".join(["python", script] + (list(argv) if argv is not None else sys.argv[1:])),
+                  **run_info(device), rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {os.path.relpath(out)}")
+    return result

@@ -12,15 +12,13 @@ times and their ratio. Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 import torch
 
 import flashspark
 from flashspark.reference import verify_reference
-from timing import median_time, run_info
+from timing import median_time, write_result
 
 
 def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
@@ -83,21 +81,11 @@ def main(argv=None):
         print(f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} | {t_op * 1e3:>9.3f} {t_ref * 1e3:>9.2f} "
               f"{t_ref / t_op:>6.1f}x | {tau:>5.2f}" + ("" if agree else "  (outputs differ!)"))
 
-    result = dict(
-        benchmark="verify",
-        command=" ".join(["python", "bench/verify_bench.py"] + (argv if argv is not None else sys.argv[1:])),
-        **run_info(device),
-        rows=rows,
-    )
     # Quick runs (the demo) go to runs/, full grids to the committed bench/results/.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out_path = args.out or (os.path.join(root, "runs", f"verify_bench_{device.type}_quick.json") if args.quick else
                             os.path.join(root, "bench", "results", f"verify_bench_{device.type}.json"))
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {os.path.relpath(out_path)}")
-    return result
+    return write_result("verify", "bench/verify_bench.py", argv, device, rows, out_path)
 
 
 if __name__ == "__main__":
