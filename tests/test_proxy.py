@@ -91,6 +91,29 @@ def test_partially_verified_blocks_only_teach_what_was_seen():
     assert torch.allclose(a.weight, b.weight, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows_per_step", [7, 21, 35])
+def test_online_ring_buffer_keeps_the_last_observations_in_order(rows_per_step):
+    # A small ring that wraps (and, at 35 rows a step, overflows): it must hold the last
+    # `capacity` observations, slot (start + i) % capacity for the i-th since `start`.
+    signals, _, acc, ver = synthetic_blocks(n=40)
+    proxy = ConfidenceProxy(width=7, capacity=30, refit_every=10 ** 6)
+    per = rows_per_step // 7
+    feats, pos, label, mask = [], [], [], []
+    for step in range(5):
+        s, a, v = signals[step * per:(step + 1) * per], acc[step * per:(step + 1) * per], ver[step * per:(step + 1) * per]
+        proxy(s)  # scored first, like the loop does: observe reuses its features
+        proxy.observe(s, a, v)
+        f, p_, l_, m_ = ConfidenceProxy(width=7)._observations(s, a, v)
+        feats.append(f), pos.append(p_), label.append(l_), mask.append(m_)
+    total = 5 * rows_per_step
+    kept = min(total, 30)
+    want = [torch.cat(x)[-kept:] for x in (feats, pos, label, mask)]
+    slots = (torch.arange(total - kept, total)) % 30
+    for buf, w in zip((proxy._feats, proxy._pos, proxy._label, proxy._mask), want):
+        assert torch.equal(buf[slots], w)
+    assert proxy._head == total % 30
+
+
 def test_save_load_roundtrip(tmp_path):
     signals, _, acc, ver = synthetic_blocks(n=500)
     proxy = ConfidenceProxy(width=7)

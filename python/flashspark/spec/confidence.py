@@ -34,6 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -53,17 +54,22 @@ class SPSTable:
         self.tokens, self.sps = t[order], s[order]
         if bool((self.tokens[1:] == self.tokens[:-1]).any()):
             raise ValueError("SPS table has repeated token counts")
+        self._t, self._s = self.tokens.numpy(), self.sps.numpy()
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """SPS at token counts `tokens` (any shape), float64."""
-        x = torch.as_tensor(tokens, dtype=torch.float64).clamp(self.tokens[0], self.tokens[-1])
-        i = torch.searchsorted(self.tokens, x.contiguous(), right=True).clamp(1, max(1, self.tokens.numel() - 1))
-        if self.tokens.numel() == 1:
-            return self.sps[0].expand(x.shape).clone()
-        t0, t1 = self.tokens[i - 1], self.tokens[i]
-        s0, s1 = self.sps[i - 1], self.sps[i]
-        w = ((x - t0) / (t1 - t0)).clamp(0, 1)
-        return s0 + w * (s1 - s0)
+        return torch.from_numpy(self.rate(torch.as_tensor(tokens).cpu().numpy()))
+
+    def rate(self, tokens) -> np.ndarray:
+        """`__call__` on host numbers (int, float or a NumPy array): the scheduler runs every
+        step on a handful of values, where NumPy costs microseconds and torch ops tens."""
+        x = np.clip(np.asarray(tokens, dtype=np.float64), self._t[0], self._t[-1])
+        if self._t.size == 1:
+            return np.full(x.shape, self._s[0])
+        i = np.clip(np.searchsorted(self._t, x, side="right"), 1, self._t.size - 1)
+        t0, t1, s0, s1 = self._t[i - 1], self._t[i], self._s[i - 1], self._s[i]
+        w = np.clip((x - t0) / (t1 - t0), 0.0, 1.0)
+        return np.asarray(s0 + w * (s1 - s0))
 
     def with_overhead(self, seconds: float) -> "SPSTable":
         """The table of whole steps that also spend `seconds` on work independent of T
@@ -97,30 +103,31 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     B = confidence.shape[0]
     K = confidence.shape[1] if max_spec_len is None else min(max_spec_len, confidence.shape[1])
     device = confidence.device
-    active = active.to(torch.bool).cpu()
-    a = prefix_survival(confidence[:, :K].detach().cpu())                       # [B, K]
+    # On the host in NumPy: a few dozen values a step (torch's per-op cost dominated here).
+    active = active.to(torch.bool).cpu().numpy()
+    a = np.cumprod(np.clip(confidence[:, :K].detach().double().cpu().numpy(), 0.0, 1.0), axis=-1)  # [B, K]
     n_active = int(active.sum())
-    k_b = torch.zeros(B, dtype=torch.int64)
+    k_b = np.zeros(B, dtype=np.int64)
     if n_active == 0 or K == 0:
-        theta0 = float(n_active * sps(torch.tensor(max(1, n_active))))
-        return (k_b.to(device), theta0) if return_theta else k_b.to(device)
-    rows = active.nonzero()[:, 0]
+        theta0 = float(n_active * sps.rate(max(1, n_active)))
+        return (torch.from_numpy(k_b).to(device), theta0) if return_theta else torch.from_numpy(k_b).to(device)
+    rows = np.flatnonzero(active)
     a = a[rows]                                                                  # [R, K]
-    R = rows.numel()
-    req = torch.arange(R).repeat_interleave(K)
-    pos = torch.arange(K).repeat(R)
-    flat = a.flatten()
+    R = rows.size
+    req = np.repeat(np.arange(R), K)
+    pos = np.tile(np.arange(K), R)
+    flat = a.ravel()
     # Order: a descending; ties by position (prefix constraint), then request. Two stable sorts.
-    order = torch.argsort(pos, stable=True)
-    order = order[torch.argsort(-flat[order], stable=True)]
+    order = np.argsort(pos, kind="stable")
+    order = order[np.argsort(-flat[order], kind="stable")]
     gains = flat[order]
-    tau = n_active + torch.cat([torch.zeros(1, dtype=torch.float64), gains.cumsum(0)])    # prefix of m slots
-    T = n_active + torch.arange(gains.numel() + 1, dtype=torch.float64)
-    theta = tau * sps(T)
-    m = int(torch.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
-    counts = torch.bincount(req[order[:m]], minlength=R)
-    k_b[rows] = counts
-    return (k_b.to(device), float(theta[m])) if return_theta else k_b.to(device)
+    tau = n_active + np.concatenate([np.zeros(1), np.cumsum(gains)])             # prefix of m slots
+    T = n_active + np.arange(gains.size + 1, dtype=np.float64)
+    theta = tau * sps.rate(T)
+    m = int(np.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
+    k_b[rows] = np.bincount(req[order[:m]], minlength=R)
+    out = torch.from_numpy(k_b).to(device)
+    return (out, float(theta[m])) if return_theta else out
 
 
 class ConfidenceStats:
@@ -346,7 +353,7 @@ class ConfidenceScheduler:
         active = torch.ones(batch_size, dtype=torch.bool)
         _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
                                    return_theta=True)
-        return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps(torch.tensor(batch_size)))
+        return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps.rate(batch_size))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         survival = prefix_survival(confidence.detach().cpu())
@@ -357,7 +364,7 @@ class ConfidenceScheduler:
         self._history.append(survival)
         k_b = schedule_tokens(conditional(self.stats.correct(self._history[0])), active, self.sps, self.max_spec_len)
         if self._step_start is not None:  # the loop times its iterations through wants_draft
-            self._step_predicted = 1.0 / float(self.sps(torch.tensor(int(active.sum()) + int(k_b.sum()))))
+            self._step_predicted = 1.0 / float(self.sps.rate(int(active.sum()) + int(k_b.sum())))
         return k_b
 
     def __repr__(self) -> str:

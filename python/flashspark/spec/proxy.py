@@ -52,23 +52,30 @@ class ConfidenceProxy:
         self._mask = torch.zeros(capacity, device=device)
         self._head = 0
         self._calls = 0
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (signals, their features)
 
     # ------------------------------------------------------------ prediction
     def __call__(self, signals: torch.Tensor) -> torch.Tensor:
         """signals [B, K, 4] -> c [B, K] in (0, 1)."""
         k = signals.shape[-2]
-        return torch.sigmoid(_features(signals) @ self.weight + self.bias[:k])
+        return torch.sigmoid(self._features_of(signals) @ self.weight + self.bias[:k])
+
+    def _features_of(self, signals: torch.Tensor) -> torch.Tensor:
+        # The loop scores a step's signals, then observes the same tensor: compute once.
+        if self._last is None or self._last[0] is not signals:
+            self._last = (signals, _features(signals))
+        return self._last[1]
 
     # ------------------------------------------------------------ fitting
-    @staticmethod
-    def _observations(signals, num_accepted, num_verified):
+    def _observations(self, signals, num_accepted, num_verified):
         """(features [N*K, 4], positions, labels, mask): token k's outcome is
         known when it was verified and its prefix survived (k <= accepted)."""
         n, k = signals.shape[:2]
         pos = torch.arange(k, device=signals.device)
         seen = (pos[None] < num_verified[:, None]) & (pos[None] <= num_accepted[:, None])
         label = (pos[None] < num_accepted[:, None]).float()
-        return (_features(signals).reshape(n * k, -1), pos.repeat(n), label.reshape(-1), seen.float().reshape(-1))
+        return (self._features_of(signals).reshape(n * k, -1), pos.repeat(n), label.reshape(-1),
+                seen.float().reshape(-1))
 
     def _loss(self, feats, pos, label, mask, weight, bias):
         logits = feats @ weight + bias[pos]
@@ -96,11 +103,17 @@ class ConfidenceProxy:
 
     def observe(self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
         """Online update from one verify step's outcomes (no host synchronization)."""
-        feats, pos, label, mask = self._observations(signals, num_accepted.long(), num_verified.long())
-        n = feats.shape[0]
-        idx = (self._head + torch.arange(n, device=feats.device)) % self.capacity
-        self._feats[idx], self._pos[idx], self._label[idx], self._mask[idx] = feats, pos, label, mask
-        self._head = (self._head + n) % self.capacity
+        rows = self._observations(signals, num_accepted.long(), num_verified.long())
+        total = rows[0].shape[0]
+        n = min(total, self.capacity)  # more rows than the ring holds: the last ones
+        start = (self._head + total - n) % self.capacity  # row i of the step goes to (head + i) % capacity
+        # Into the ring as at most two slices (the head is a host int: no synchronization).
+        first = min(n, self.capacity - start)
+        for buf, r in zip((self._feats, self._pos, self._label, self._mask), rows):
+            r = r[total - n:]
+            buf[start:start + first] = r[:first]
+            buf[:n - first] = r[first:]
+        self._head = (self._head + total) % self.capacity
         self._calls += 1
         if self._calls % self.refit_every == 0:
             self._refit()
