@@ -40,15 +40,22 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   return st;
 }
 
+// n values of src as fp32: src itself when T is fp32 (read in place), else converted into dst.
 template <class T>
-const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
+const float* as_f32(const T* src, size_t n, float* dst) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
-    buf.resize(n);
-    for (size_t i = 0; i < n; ++i) buf[i] = to_float(src[i]);
-    return buf.data();
+    for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    return dst;
   }
+}
+
+// as_f32 into a buffer sized here (left empty for fp32).
+template <class T>
+const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
+  if constexpr (!std::is_same_v<T, float>) buf.resize(n);
+  return as_f32(src, n, buf.data());
 }
 
 // y[t, j] = sum_c x[t, c] * W[j, c] for a small W [J, C] (the conv's taps from delta_weight,
@@ -151,17 +158,9 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
   const float* norm = p.norm_weight ? as_f32_buffer(p.norm_weight, size_t(C), norm_buf) : nullptr;
   const std::optional<RowProjection> taps =
       p.delta_weight ? std::optional<RowProjection>(std::in_place, p.delta_weight, J, C, p.rows) : std::nullopt;
-  const auto as_f32 = [C](const T* src, float* dst) -> const float* {
-    if constexpr (kF32) {
-      return src;
-    } else {
-      for (int32_t c = 0; c < C; ++c) dst[c] = to_float(src[c]);
-      return dst;
-    }
-  };
   // Row t of the conv's input as fp32: x's row, RMS-normalized into dst with a norm weight.
   const auto input_row = [&](int64_t t, float* dst) -> const float* {
-    const float* v = as_f32(p.x + t * p.x_stride, dst);
+    const float* v = as_f32(p.x + t * p.x_stride, size_t(C), dst);
     if (!norm) return v;
     rms_scale(C, rms_inv(dot(C, v, v), C, p.norm_eps), norm, v, dst);
     return dst;
@@ -188,7 +187,7 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
         const int64_t t = tb + r;
         const float* left = nullptr;
         if (!conv_first_in_block(p, t)) left = r > 0 ? xp[r - 1] : input_row(t - 1, xl);
-        const float* res = p.residual ? as_f32(p.residual + t * p.res_stride, rr) : nullptr;
+        const float* res = p.residual ? as_f32(p.residual + t * p.res_stride, size_t(C), rr) : nullptr;
         T* out = p.out + t * C;
         if constexpr (kF32) {
           two_tap_row(C, G, base, d + size_t(r) * J, xp[r], left, res, out);
@@ -239,9 +238,8 @@ struct PathSerialBackend {
       return;
     }
     float panel[kMaxPathRank * kPanel], ag[4][kMaxPathRank], rows[4 * kPanel], g_row[kMaxPathRank];
-    const float* gr = p.g_ws ? p.g_ws + rt * p.rank : g_row;  // g_t as fp32, read once
-    if (!p.g_ws)
-      for (int32_t i = 0; i < p.rank; ++i) g_row[i] = to_float(p.g[rt * p.rank + i]);
+    // g_t as fp32, read once
+    const float* gr = p.g_ws ? p.g_ws + rt * p.rank : as_f32(p.g + rt * p.rank, size_t(p.rank), g_row);
     for (int32_t b = 0; b < kPanel; ++b) {
       const T* brow = b < p.k ? p.b_emb + int64_t(cand[b]) * p.rank : nullptr;
       for (int32_t i = 0; i < p.rank; ++i) panel[i * kPanel + b] = brow ? to_float(brow[i]) : 0.f;
@@ -272,13 +270,7 @@ void path_g_request(const PathParams<T>& p, int32_t r, const RowProjection& w_h,
     const int32_t n = std::min(4, p.positions - t0);
     const float* h[4];
     for (int32_t j = 0; j < 4; ++j) {
-      const T* row = path_hidden_row(p, int64_t(r) * p.positions + t0 + std::min(j, n - 1));
-      if constexpr (std::is_same_v<T, float>) {
-        h[j] = row;
-      } else {
-        for (int32_t c = 0; c < D; ++c) buf[j * D + c] = to_float(row[c]);
-        h[j] = buf + j * D;
-      }
+      h[j] = as_f32(path_hidden_row(p, int64_t(r) * p.positions + t0 + std::min(j, n - 1)), size_t(D), buf + j * D);
     }
     w_h.apply4(h, n, p.g_ws + (int64_t(r) * p.positions + t0) * p.rank, p.rank);
   }
