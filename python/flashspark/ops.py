@@ -297,16 +297,22 @@ def path_select(
     the K candidates (softmax(scores / T) in sample mode, one-hot otherwise) to
     pass to ``verify`` as sparse q with ``cand_ids``.
     """
-    r = cand_ids.shape[0]
-    dev = cand_ids.device
+    temperature, seeds, offsets = path_sampling_defaults(cand_ids, temperature, seeds, offsets)
+    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
+                                            hidden, g_weight)
+
+
+def path_sampling_defaults(cand_ids: torch.Tensor, temperature: Optional[torch.Tensor],
+                           seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor]):
+    """path_select's per-request temperature, seeds and offsets, with the defaults (1, 0, 0) for None."""
+    r, dev = cand_ids.shape[0], cand_ids.device
     if temperature is None:
         temperature = torch.ones(r, device=dev)
     if seeds is None:
         seeds = torch.zeros(r, dtype=torch.int64, device=dev)
     if offsets is None:
         offsets = torch.zeros(r, dtype=torch.int64, device=dev)
-    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
-                                            hidden, g_weight)
+    return temperature, seeds, offsets
 
 
 @torch.library.register_fake("flashspark::two_tap_conv")
