@@ -12,8 +12,8 @@ timed in interleaved rounds on the same cache:
   dflash      the shipped DFlash drafter (same shape as the backbone, its own weights)
 
 The bar of DFlash 2 (docs/dflash2_dspark.md) is dflash2 / backbone <= 1.10. Ratios are
-medians over rounds of the two variants' times in the same round. Prints a table and
-writes JSON.
+medians over rounds of the two variants' times in the same round; the order of the
+variants rotates from round to round. Prints a table and writes JSON.
 
     python bench/draft_overhead_bench.py [--batches 1 4 16 32] [--rounds 7] [--threads 2]
 """
@@ -83,8 +83,12 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
         with convs_as_identity() if identity else contextlib.nullcontext():
             for _ in range(5):
                 fn()
-    for _ in range(rounds):
-        for name, (fn, identity) in variants.items():
+    names = list(variants)
+    for r in range(rounds):
+        # The variant order rotates per round: the first passes after a switch run with
+        # another drafter's weights in the caches, and no variant should always pay that.
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn, identity = variants[name]
             with convs_as_identity() if identity else contextlib.nullcontext():
                 times[name].append(median_time(fn, repeats, cpu))
 
