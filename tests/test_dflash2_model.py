@@ -138,6 +138,29 @@ def test_propose_ops_equal_reference(mode):
         assert q1 is None
 
 
+@pytest.mark.parametrize("use_ops", [True, False])
+def test_propose_sampling_defaults(use_ops):
+    """Without temperature / seeds / offsets, propose samples as at T = 1, seed 0, offset 0
+    (ops.path_select's defaults), through the ops and through the reference."""
+    torch.manual_seed(4)
+    target = tiny_target()
+    d = tiny_dflash2(target, use_ops=use_ops)
+    B, S = 2, 30
+    tokens = torch.randint(0, VOCAB, (B, S))
+    ctx = torch.tensor([9, 21])
+    anchor = tokens.gather(1, ctx[:, None])[:, 0]
+    with torch.no_grad():
+        cache = fill_cache(d, target(tokens, hidden_layers=d.config.target_layer_ids).hidden, ctx)
+        got = d.propose(cache, anchor, ctx, mode="sample")
+        want = d.propose(cache, anchor, ctx, mode="sample", temperature=torch.ones(B),
+                         seeds=torch.zeros(B, dtype=torch.int64), offsets=torch.zeros(B, dtype=torch.int64))
+        other_seed = d.propose(cache, anchor, ctx, mode="sample", temperature=torch.ones(B),
+                               seeds=torch.full((B,), 7, dtype=torch.int64), offsets=torch.zeros(B, dtype=torch.int64))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert not torch.equal(got[0], other_seed[0])  # the seed reaches the draws
+    assert got[0].shape == (B, d.block_size - 1)
+
+
 def test_training_form_equals_inference_form():
     """The packed training forward (reference convs, SDPA) equals draft_hidden (ops) block by block."""
     torch.manual_seed(2)
