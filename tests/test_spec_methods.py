@@ -453,3 +453,50 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
         assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate
         # Speculating, the loop drafts every step (what it verifies is the recalibrated schedule's call).
         assert (st2["plain_steps"] == 0) == speculate and (st2["tau"] == 1.0 or speculate)
+
+
+def test_batch_mode_tables_far_from_the_line_measurement_near_it():
+    """Outside MEASURE_BAND around min_gain the predicted gain decides; inside it each mode is
+    tried once (speculation first), then the faster measured mode is kept."""
+    from flashspark.spec.methods import MEASURE_BAND, batch_mode
+
+    fast_plain = {"spec": [100.0, 2.0], "plain": [100.0, 1.0]}
+    fast_spec = {"spec": [300.0, 2.0], "plain": [100.0, 1.0]}
+    far_above, far_below = 1.1 * MEASURE_BAND * 1.01, 1.1 / MEASURE_BAND * 0.99
+    assert batch_mode(far_above, 1.1, fast_plain) == "spec"  # measurements do not override the tables there
+    assert batch_mode(far_below, 1.1, fast_spec) == "plain"
+    for gain in (1.0, 1.2):  # near the line, on either side of it
+        assert batch_mode(gain, 1.1, {}) == "spec"
+        assert batch_mode(gain, 1.1, {"spec": [100.0, 1.0]}) == "plain"
+        assert batch_mode(gain, 1.1, fast_plain) == "plain"
+        assert batch_mode(gain, 1.1, fast_spec) == "spec"
+
+
+@pytest.mark.parametrize("spec_seconds, fourth", [(10.0, "plain"), (0.1, "spec")])
+def test_decoder_measures_both_modes_near_the_line(monkeypatch, spec_seconds, fourth):
+    """make_decoder with a predicted gain near min_gain: after the batch that learns the
+    confidences, one speculative batch (no plain steps inside it), one plain batch, then the
+    faster of the two as measured (a fake clock: the speculative batch takes `spec_seconds`,
+    the plain one 1 s); every output exact."""
+    import types
+
+    from flashspark.spec import methods
+
+    target = tiny_target(seed=6)
+    d = tiny_dspark(target)
+    prompts = prompts_of([4, 9, 2], 48, seed=6)
+    want, _ = generate(target, prompts, max_new_tokens=16)
+    tables = (linear_sps(), SPSTable([1, 100], [1.0, 1.0]))
+    monkeypatch.setattr(methods, "step_sps", lambda *a, **k: tables)
+    monkeypatch.setattr(methods, "MIN_PRIOR_ROWS", 3)
+    monkeypatch.setattr(ConfidenceScheduler, "predicted_gain", lambda self, conf, b: 1.05)
+    # decode reads the clock once before and once after each batch (the first batch: once).
+    ticks = iter([0.0, 0.0, spec_seconds, spec_seconds, spec_seconds + 1.0, 100.0, 200.0])
+    monkeypatch.setattr(methods, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    decode = methods.make_decoder("dspark:sched=confidence", target, d)
+    runs = [decode(prompts, 16) for _ in range(4)]
+    assert all(out == want for out, _ in runs)
+    modes = ["plain" if st.get("plain_batch") else "spec" for _, st in runs]
+    assert modes == ["spec", "spec", "plain", fourth]
+    assert runs[0][1]["predicted_gain"] is None and runs[1][1]["predicted_gain"] == 1.05
+    assert runs[1][1]["plain_steps"] == 0  # measured as speculation: no plain steps inside the batch
