@@ -343,23 +343,17 @@ class ConfidenceScheduler:
         if observe is not None:
             observe(block, num_accepted, num_verified)
 
-    def predicted_gain(self, confidence: torch.Tensor, batch_size: int) -> float:
-        """Θ of the best schedule for `batch_size` requests with per-position confidences
-        `confidence` [K'], over the token rate of plain decode steps (inf without a plain table);
-        Θ divided by the measured step-cost ratio."""
-        if self.plain_sps is None:
-            return float("inf")
-        active = torch.ones(batch_size, dtype=torch.bool)
-        _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
-                                   return_theta=True)
-        return theta / self.step_cost_ratio() / (batch_size * float(self.plain_sps.rate(batch_size)))
-
     def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
         """Would `batch_size` requests with per-position confidences `confidence` [K'] beat (by min_gain)
         plain decoding? (True without a plain table.) Engines use this to switch speculation
         off for a whole batch at high load, where even plain steps inside the speculative
         loop cost more than plain decoding (they keep the drafter's cache up to date)."""
-        return self.predicted_gain(confidence, batch_size) > self.min_gain
+        if self.plain_sps is None:
+            return True
+        active = torch.ones(batch_size, dtype=torch.bool)
+        _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
+                                   return_theta=True)
+        return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps.rate(batch_size))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         survival = prefix_survival(confidence.detach().cpu())

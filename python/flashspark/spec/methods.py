@@ -18,7 +18,6 @@ of a step's measured time (drafting, verify, commit) added, so that
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +40,6 @@ MIN_PRIOR_ROWS = 64
 # Weight, in rows, of the shipped prior: enough to judge a first batch, little enough that a
 # batch or two of other text (and its verify outcomes) moves the estimate.
 SHIPPED_PRIOR_ROWS = 256
-# Where the tables' predicted gain of speculating over plain decoding lies within this factor
-# of the scheduler's min_gain, the batch's mode is decided by measurement (`batch_mode`): the
-# tables carry about that much error on a shared CPU (at 4 requests they predicted 0.89-1.12x
-# across runs where fixed K measured 1.2-1.3x), and a verdict near the line never revisits
-# itself: plain batches teach the scheduler nothing.
-MEASURE_BAND = 1.25
 
 
 @dataclass(frozen=True)
@@ -161,23 +154,6 @@ def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", 
     return st["decode_seconds"] / max(1.0, st["steps"] / batch_size)
 
 
-def batch_mode(gain: float, min_gain: float, measured: dict[str, list[float]]) -> str:
-    """"spec" or "plain" for the next batch of a size, temperature and length.
-
-    Far from the line (predicted `gain` outside [min_gain / MEASURE_BAND, min_gain * MEASURE_BAND])
-    the tables decide: speculate iff gain > min_gain. Near it, measurement decides: `measured`
-    maps each mode already run for such batches to [new tokens, wall seconds];
-    speculation is tried first, then plain decoding, then the faster of the two is kept (its
-    own measurement keeps accumulating)."""
-    if not min_gain / MEASURE_BAND <= gain <= min_gain * MEASURE_BAND:
-        return "spec" if gain > min_gain else "plain"
-    for mode in ("spec", "plain"):
-        if mode not in measured:
-            return mode
-    rate = {mode: tokens / max(seconds, 1e-9) for mode, (tokens, seconds) in measured.items()}
-    return "spec" if rate["spec"] > rate["plain"] else "plain"
-
-
 def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
     """Plain decoding with the speculative loop's stats keys (τ = 1, nothing drafted)."""
     out, st = generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -230,12 +206,7 @@ def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int =
 def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None):
     """decode(prompts, max_new_tokens, temperature, seed, eos_id=None, record=False) -> (outputs, stats)
     for a method. `decode.prepare(batch_size, temperature)` does the one-off work of a confidence
-    scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it.
-
-    With the confidence scheduler a batch is decoded speculatively or plainly (`batch_mode`:
-    the tables' predicted gain, or near the line the measured rates of earlier batches of the
-    same size, temperature and length); stats["predicted_gain"] is that prediction (None
-    before enough confidence rows back it)."""
+    scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it."""
     spec = parse_method(spec) if isinstance(spec, str) else spec
     drafter = drafter or load_method_drafter(spec.drafter, target, drafter_dir)
     # A drafter's proxy and scheduler prior sit in its directory (a drafter built in memory has none).
@@ -264,37 +235,24 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
     priors: dict[float, ConfidenceStats | None] = {}
     confident_method = spec.scheduler == "confidence"
     step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
-    # (temperature, batch size, max_new_tokens) -> mode -> [new tokens, wall seconds] of the batches run
-    measured: dict[tuple[float, int, int], dict[str, list[float]]] = {}
 
     def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
         if temperature not in priors:
             priors[temperature] = load_prior(prior_dir, temperature) if confident_method and prior_dir else None
-        prior, B = priors[temperature], len(prompts)
-        scheduler = scheduler_for(B, temperature, prior, step_costs.get(B))
+        prior = priors[temperature]
+        scheduler = scheduler_for(len(prompts), temperature, prior, step_costs.get(len(prompts)))
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
-        mode, gain = "spec", None
-        if confident and not record and prior is not None and prior.rows >= scheduler.min_rows:
-            gain = scheduler.predicted_gain(conditional(prior.mean_survival()), B)
-            mode = batch_mode(gain, scheduler.min_gain, measured.get((temperature, B, max_new_tokens), {}))
-            if mode == "spec" and gain <= scheduler.min_gain * MEASURE_BAND:
-                # Measured near the line: speculate throughout, without the tables' plain steps.
-                scheduler.plain_sps = None
-        t0 = time.perf_counter()
-        if mode == "plain":  # speculation is not expected to pay at this load
-            out, stats = _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
-        else:
-            out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                                              temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
-                                              path=spec.path, record=record)
-            if confident and scheduler.stats is not None:
-                priors[temperature] = scheduler.stats  # the prior plus this batch
-                step_costs[B] = scheduler.step_cost_totals()
-        if gain is not None:
-            m = measured.setdefault((temperature, B, max_new_tokens), {}).setdefault(mode, [0.0, 0.0])
-            m[0] += sum(len(o) for o in out)
-            m[1] += time.perf_counter() - t0
-        return out, stats | {"predicted_gain": gain}
+        if confident and not record and prior is not None and prior.rows >= scheduler.min_rows \
+                and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts)):
+            # Speculation is not expected to pay at this load: decode the batch plainly.
+            return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
+        out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
+                                          path=spec.path, record=record)
+        if confident and scheduler.stats is not None:
+            priors[temperature] = scheduler.stats  # the prior plus this batch
+            step_costs[len(prompts)] = scheduler.step_cost_totals()
+        return out, stats
 
     decode.spec, decode.drafter = spec, drafter
     decode.prepare = scheduler_for  # (batch_size, temperature): profile / load ahead of any timing
