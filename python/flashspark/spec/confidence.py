@@ -105,7 +105,7 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     device = confidence.device
     # On the host in NumPy: a few dozen values a step (torch's per-op cost dominated here).
     active = active.to(torch.bool).cpu().numpy()
-    a = np.cumprod(np.clip(confidence[:, :K].detach().double().cpu().numpy(), 0.0, 1.0), axis=-1)  # [B, K]
+    a = prefix_survival(confidence[:, :K].detach().cpu()).numpy()                # [B, K]
     n_active = int(active.sum())
     k_b = np.zeros(B, dtype=np.int64)
     if n_active == 0 or K == 0:
