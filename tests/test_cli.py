@@ -104,3 +104,168 @@ def test_module_entry_point():
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2
     assert "error: model directory" in r.stderr and "Traceback" not in r.stderr
+
+
+# --------------------------------------------- bad arguments: one `error: ...` line, status 2
+SPEC_METHODS = ["dflash", "dflash2", "dspark"]
+needs_dflash = pytest.mark.skipif(not (data.ASSETS_DIR / "dflash" / "model.safetensors").is_file(),
+                                  reason="shipped DFlash drafter not exported yet")
+
+
+def assert_one_error_line(err: str, names: str) -> None:
+    """Exactly one non-empty stderr line, `error: ...`, naming `names` (the option at fault)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert names in lines[0], err
+
+
+def _case(argv, names, *marks):
+    return pytest.param(argv, names, marks=marks, id=" ".join(argv))
+
+
+_CUDA_ABSENT = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+_NO_CUDA_7 = pytest.mark.skipif(torch.cuda.device_count() > 7, reason="a cuda:7 is present")
+
+# Options of `generate` for every method: (argv after the method, the option the error names, marks).
+_GENERATE = [
+    (["--tokenizer", "{tmp}/not_json.txt"], "--tokenizer"),
+    (["--tokenizer", "{tmp}/not_tokenizer.json"], "--tokenizer"),
+    (["--tokenizer", "{tmp}/no_specials.json"], "--tokenizer"),
+    (["--tokenizer", "{tmp}/missing.json"], "--tokenizer"),
+    *((["--temperature", t], "--temperature") for t in ("nan", "inf", "-1")),
+    *((["--temperature", "1", "--top-p", p], "--top-p") for p in ("nan", "0", "-0.5", "1.5")),
+    *((["--batch-size", n], "--batch-size") for n in ("0", "-1")),
+    *((["--threads", n], "--threads") for n in ("0", "-1")),
+    *((["--max-new-tokens", n], "--max-new-tokens") for n in ("0", "-1")),
+    *((["--seed", n], "--seed") for n in ("-1", str(2 ** 64))),
+    (["--device", "foo"], "--device"),
+    (["--device", "cuda"], "--device", _CUDA_ABSENT),
+    (["--device", "cuda:7"], "--device", _NO_CUDA_7),
+    (["--prompts-file", "{tmp}/bad_utf8.txt"], "--prompts-file"),
+    (["--prompt", b"def f():\xff\xfe".decode("utf-8", "surrogateescape")], "--prompt"),  # as Python reads argv
+]
+# Options only speculative methods read.
+_SPEC = [
+    *((["--k", n], "--k") for n in ("0", "-1", "8", "100")),  # the shipped drafters' gamma is 8: K <= 7
+    (["--delay", "-1"], "--delay"),
+    (["--scheduler", "confidence", "--delay", "-1"], "--delay"),
+]
+# fit-proxy and fit-prior, on a drafter directory that does not exist: a check that lets a bad
+# value through then fails on the directory (naming no option) instead of refitting the shipped one.
+_CALIBRATION = [
+    *((["--temperatures", *t], "--temperatures") for t in (["nan"], ["0", "inf"], ["-1"])),
+    *((["--batch-size", n], "--batch-size") for n in ("0", "-1")),
+    *((["--threads", n], "--threads") for n in ("0", "-1")),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--prompts", "0"], "--prompts"),
+    (["--prompt-tokens", "0"], "--prompt-tokens"),
+]
+# Trainers, resuming from an empty run directory: a check that lets a bad value through then
+# fails on the missing checkpoint instead of training.
+_TRAIN = [
+    *((["--threads", n], "--threads") for n in ("0", "-1")),
+    *((["--batch-size", n], "--batch-size") for n in ("0", "-1")),
+    *((["--minutes", m], "--minutes") for m in ("nan", "inf", "0", "-1")),
+    *((["--lr", x], "--lr") for x in ("nan", "-1")),
+    (["--seed", "-1"], "--seed"),
+]
+# argparse's own errors.
+_PARSE = [
+    (["generate"], "--prompt"),
+    (["generate", "--prompt", "x", "--temperature", "foo"], "--temperature"),
+    (["generate", "--method", "nope", "--prompt", "x"], "--method"),
+    (["generate", "--prompt", "x", "--bogus"], "--bogus"),
+    (["fit-prior", "nope"], "drafter"),
+    (["train", "target", "--batch-size", "x"], "--batch-size"),
+    ([], "command"),
+]
+
+
+def _generate_argv(method, argv):
+    base = ["generate", "--method", method, "--max-new-tokens", "2"]
+    # A case that brings its own prompt source replaces the default one (the two exclude each other).
+    return base + ([] if {"--prompt", "--prompts-file"} & set(argv) else ["--prompt", "x"]) + argv
+
+
+BAD_INVOCATIONS = [
+    *(_case(_generate_argv(m, argv), names, *marks)
+      for m in ["ar", *SPEC_METHODS] for argv, names, *marks in _GENERATE),
+    *(_case(_generate_argv(m, argv), names) for m in SPEC_METHODS for argv, names in _SPEC),
+    *(_case(base + argv, names) for base in (["fit-proxy", "--drafter", "{tmp}/none"],
+                                             ["fit-prior", "dspark", "--drafter-dir", "{tmp}/none"])
+      for argv, names in _CALIBRATION),
+    *(_case(["train", what, "--out", "{tmp}/run", "--export", "{tmp}/export", "--resume", *argv], names)
+      for what in ("target", "dflash", "dflash2", "dspark") for argv, names in _TRAIN),
+    *(_case(argv, names) for argv, names in _PARSE),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    """Files the cases point at: {tmp} in a case's argv is this directory."""
+    from tokenizers import Tokenizer, models
+
+    (tmp_path / "not_json.txt").write_text("not json\n")
+    (tmp_path / "not_tokenizer.json").write_text('{"vocab": [1, 2]}\n')
+    Tokenizer(models.BPE()).save(str(tmp_path / "no_specials.json"))  # lacks <|endoftext|>
+    (tmp_path / "bad_utf8.txt").write_bytes(b"def f():\xff\xfe\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv,names", BAD_INVOCATIONS)
+def test_bad_argument_is_one_error_line(capsys, bad_files, argv, names):
+    """Every bad argument is rejected with one `error: ...` line naming it, before any model loads."""
+    code, _, err = run(capsys, *(a.replace("{tmp}", str(bad_files)) for a in argv))
+    assert code == 2
+    assert_one_error_line(err, names)
+
+
+def run_module(*argv, timeout=120):
+    """`python -m flashspark *argv` in a subprocess (bytes arguments reach it as raw argv bytes)."""
+    env = dict(os.environ)
+    pkg_root = str(Path(data.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "flashspark", *argv], capture_output=True, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("argv,names", [
+    (["generate", "--prompt", b"\xff\xfe"], "--prompt"),
+    (["generate", "--method", "dflash", "--prompt", b"\xff\xfe"], "--prompt"),
+    (["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
+    (["generate", "--prompt", "x", "--temperature", "foo"], "--temperature"),
+], ids=["bytes-prompt-ar", "bytes-prompt-dflash", "top-p-nan", "argparse"])
+def test_bad_argument_subprocess(argv, names):
+    """The same through the module entry point: status 2, one line, no traceback."""
+    r = run_module(*argv)
+    assert r.returncode == 2
+    assert_one_error_line(r.stderr.decode("utf-8", "replace"), names)
+
+
+@needs_shipped
+@needs_dflash
+def test_op_error_during_generation(capsys, monkeypatch):
+    """An op's argument check firing mid-generation ("flashspark.verify: ...") is bad input that
+    got past the CLI's checks: its first line, status 2."""
+    from flashspark import ops
+
+    verify = ops.verify
+    # The real op, handed a temperature it rejects, so the message is the extension's own.
+    monkeypatch.setattr(ops, "verify", lambda *a, temperature, **kw: verify(*a, temperature=temperature - 1, **kw))
+    code, _, err = run(capsys, "generate", "--method", "dflash", "--prompt", "def f(x):", "--max-new-tokens", "4")
+    assert code == 2
+    assert_one_error_line(err, "error: flashspark.verify: argument 'temperature'")
+
+
+@needs_shipped
+@needs_dflash
+def test_other_runtime_error_is_a_bug(monkeypatch):
+    """A RuntimeError that is not an op's argument check is a bug: it propagates (a traceback)."""
+    from flashspark import ops
+
+    def fail(*a, **kw):
+        raise RuntimeError("something broke")
+
+    monkeypatch.setattr(ops, "verify", fail)
+    with pytest.raises(RuntimeError, match="something broke"):
+        main(["generate", "--method", "dflash", "--prompt", "def f(x):", "--max-new-tokens", "4"])

@@ -11,6 +11,7 @@ namespace flashspark::binding {
 
 struct TwoTapArgs {
   at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws, norm_weight, row_scale_ws;
+  NamedTensors all;  // every argument as given, for the status output's overlap check
   int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0;
   double norm_eps = 0.0;
 };
@@ -23,9 +24,17 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
                                      const std::optional<at::Tensor>& norm_weight, double norm_eps) {
   constexpr const char* op = "two_tap_conv";
   TwoTapArgs a;
+  a.all = {{x, "x"}, {base, "base"}};
+  for (const auto& [t, name] : {std::pair{&delta, "delta"}, std::pair{&cu_blocks, "cu_blocks"},
+                                std::pair{&residual, "residual"}, std::pair{&delta_weight, "delta_weight"},
+                                std::pair{&norm_weight, "norm_weight"}})
+    if (t->has_value()) a.all.push_back({**t, name});
   check_float_dtype(x, op, "x");
   TORCH_CHECK(x.dim() >= 2, "flashspark.two_tap_conv: argument 'x' must be [..., T, C] (rank >= 2), got ", x.dim(), "-D");
   a.channels = x.size(-1);
+  TORCH_CHECK(a.channels >= 1, "flashspark.two_tap_conv: argument 'x' must have C >= 1 channels, got shape ",
+              x.sizes());
+  check_fits_int32(a.channels, op, "x", "C");
   a.x = inner_contiguous(x).reshape({-1, a.channels});
   a.rows = a.x.size(0);
   const int64_t groups = ceil_div(a.channels, kConvGroup);
@@ -64,7 +73,7 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
     check_dtype(*norm_weight, x.scalar_type(), op, "norm_weight");
     TORCH_CHECK(norm_weight->dim() == 1 && norm_weight->size(0) == a.channels, "flashspark.two_tap_conv: argument ",
                 "'norm_weight' must have shape [", a.channels, "], got ", norm_weight->sizes());
-    TORCH_CHECK(norm_eps >= 0.0, "flashspark.two_tap_conv: argument 'norm_eps' must be >= 0, got ", norm_eps);
+    check_finite_scalar(norm_eps, true, op, "norm_eps");
     a.norm_weight = norm_weight->contiguous();
     a.norm_eps = norm_eps;
   }
@@ -72,19 +81,22 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
     check_device(*cu_blocks, x, op, "cu_blocks");
     check_dim(*cu_blocks, 1, op, "cu_blocks");
     TORCH_CHECK(cu_blocks->numel() >= 2, "flashspark.two_tap_conv: argument 'cu_blocks' needs at least 2 offsets");
+    check_fits_int32(cu_blocks->numel(), op, "cu_blocks", "num_blocks + 1");
+    check_fits_int32(a.rows, op, "x", "N (rows) with cu_blocks");
     a.cu_blocks = as_index(*cu_blocks, at::kInt, op, "cu_blocks");
     a.num_blocks = cu_blocks->numel() - 1;
   } else {
-    TORCH_CHECK(block_size > 0, "flashspark.two_tap_conv: argument 'block_size' must be > 0 when 'cu_blocks' is not ",
-                "given, got ", block_size);
+    TORCH_CHECK(block_size > 0 && block_size <= kInt32Max, "flashspark.two_tap_conv: argument 'block_size' must lie ",
+                "in [1, 2^31 - 1] when 'cu_blocks' is not given, got ", block_size);
   }
   a.block_size = block_size;
   return a;
 }
 
 template <class T>
-TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out) {
+TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out, int32_t* status) {
   TwoTapParams<T> p;
+  p.status = status;
   p.x = reinterpret_cast<const T*>(a.x.const_data_ptr());
   p.x_stride = a.x.stride(0);
   p.base = reinterpret_cast<const T*>(a.base.const_data_ptr());
@@ -110,16 +122,6 @@ TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out) {
   p.rows = a.rows;
   p.channels = int32_t(a.channels);
   return p;
-}
-
-// Host check of ragged block offsets (CPU tensors only).
-inline void check_cu_blocks_values(const TwoTapArgs& a) {
-  if (!a.cu_blocks.defined()) return;
-  const int32_t* cu = a.cu_blocks.const_data_ptr<int32_t>();
-  TORCH_CHECK(cu[0] == 0 && cu[a.num_blocks] == a.rows, "flashspark.two_tap_conv: argument 'cu_blocks' must start at 0 ",
-              "and end at the number of rows (", a.rows, ")");
-  for (int64_t i = 0; i < a.num_blocks; ++i)
-    TORCH_CHECK(cu[i] <= cu[i + 1], "flashspark.two_tap_conv: argument 'cu_blocks' must not decrease");
 }
 
 struct TopKArgs {
@@ -162,6 +164,7 @@ TopKParams<T> make_topk_params(const TopKArgs& a, at::Tensor& values, at::Tensor
 
 struct PathArgs {
   at::Tensor cand_ids, unary, a_emb, b_emb, g, hidden, g_weight, anchor, temperature, seeds, offsets;
+  NamedTensors all;  // every argument as given, for the status output's overlap check
   PathMode mode = PathMode::kBacktrack;
   int64_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0, hidden_dim = 0;
 };
@@ -181,6 +184,11 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
                                 const std::optional<at::Tensor>& g_weight) {
   constexpr const char* op = "path_select";
   PathArgs a;
+  a.all = {{cand_ids, "cand_ids"}, {unary, "unary"}, {a_emb, "a_emb"},   {b_emb, "b_emb"},
+           {anchor, "anchor"},     {temperature, "temperature"}, {seeds, "seeds"}, {offsets, "offsets"}};
+  for (const auto& [t, name] :
+       {std::pair{&g, "g"}, std::pair{&hidden, "hidden"}, std::pair{&g_weight, "g_weight"}})
+    if (t->has_value()) a.all.push_back({**t, name});
   a.mode = parse_path_mode(mode);
   check_dim(cand_ids, 3, op, "cand_ids");
   check_dim(unary, 3, op, "unary");
@@ -196,7 +204,11 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   a.k = cand_ids.size(2);
   a.vocab = a_emb.size(0);
   a.rank = a_emb.size(1);
-  TORCH_CHECK(a.k >= 1, "flashspark.path_select: argument 'cand_ids' needs K >= 1 candidates");
+  TORCH_CHECK(a.k >= 1 && a.k <= kMaxPathCandidates, "flashspark.path_select: argument 'cand_ids' must have K in [1, ",
+              kMaxPathCandidates, "] candidates, got ", a.k);
+  check_fits_int32(a.requests * a.positions, op, "cand_ids", "R x P");
+  check_fits_int32(a.vocab, op, "a_emb", "V");
+  check_fits_int32(a.rank, op, "a_emb", "r");
   TORCH_CHECK(unary.sizes() == cand_ids.sizes(), "flashspark.path_select: argument 'unary' must have the shape of ",
               "cand_ids ", cand_ids.sizes(), ", got ", unary.sizes());
   check_dtype(unary, at::kFloat, op, "unary");
@@ -223,6 +235,7 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
     check_dtype(*hidden, a_emb.scalar_type(), op, "hidden");
     check_dtype(*g_weight, a_emb.scalar_type(), op, "g_weight");
     a.hidden_dim = hidden->size(2);
+    check_fits_int32(a.hidden_dim, op, "hidden", "D");
     TORCH_CHECK(hidden->size(0) == a.requests && hidden->size(1) == a.positions,
                 "flashspark.path_select: argument 'hidden' must have shape [", a.requests, ", ", a.positions,
                 ", D], got ", hidden->sizes());
@@ -267,8 +280,9 @@ inline PathOutputs empty_path_outputs(const PathArgs& a) {
 }
 
 template <class T>
-PathParams<T> make_path_params(const PathArgs& a, PathOutputs& o) {
+PathParams<T> make_path_params(const PathArgs& a, PathOutputs& o, int32_t* status) {
   PathParams<T> p;
+  p.status = status;
   p.cand_ids = a.cand_ids.const_data_ptr<int32_t>();
   p.unary = a.unary.const_data_ptr<float>();
   p.a_emb = reinterpret_cast<const T*>(a.a_emb.const_data_ptr());
@@ -301,15 +315,6 @@ PathParams<T> make_path_params(const PathArgs& a, PathOutputs& o) {
   p.rank = int32_t(a.rank);
   p.vocab = int32_t(a.vocab);
   return p;
-}
-
-inline const char* path_error_message(PathError e) {
-  switch (e) {
-    case PathError::kOk: return "ok";
-    case PathError::kTokenRange: return "arguments 'cand_ids' / 'anchor' hold a token id outside [0, V) of a_emb";
-    case PathError::kBadTemperature: return "argument 'temperature' must be >= 0 in sample mode";
-  }
-  return "invalid input";
 }
 
 }  // namespace flashspark::binding

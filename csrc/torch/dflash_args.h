@@ -12,14 +12,18 @@ constexpr int32_t kAttnSplitKeys = 256;
 
 struct BlockAttnArgs {
   at::Tensor q, k_cache, v_cache, ctx_lens, k_block, v_block;
+  NamedTensors all;  // every argument as given, for the status output's overlap check
   int64_t batch = 0, gamma = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0, max_len = 0, num_splits = 0;
 };
 
 inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                            const at::Tensor& ctx_lens, const at::Tensor& k_block,
-                                           const at::Tensor& v_block) {
+                                           const at::Tensor& v_block, double scale) {
   constexpr const char* op = "block_diffusion_attention";
   BlockAttnArgs a;
+  a.all = {{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {ctx_lens, "ctx_lens"}, {k_block, "k_block"},
+           {v_block, "v_block"}};
+  check_finite_scalar(scale, false, op, "scale");
   const std::pair<const at::Tensor*, const char*> four_d[] = {
       {&q, "q"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&k_block, "k_block"}, {&v_block, "v_block"}};
   check_float_dtype(q, op, "q");
@@ -53,6 +57,9 @@ inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor
               ": argument 'v_block' must have shape [B, G, Hkv, D] = ", at::IntArrayRef(block_shape), ", got ",
               v_block.sizes());
   check_size(ctx_lens, 0, a.batch, op, "ctx_lens", "batch");
+  check_fits_int32(a.batch * a.num_q_heads, op, "q", "B x Hq");
+  check_fits_int32(a.gamma * a.num_q_heads, op, "q", "G x Hq");
+  check_fits_int32(a.max_len + a.gamma, op, "k_cache", "S_max + G");
   a.q = inner_contiguous(q);
   a.k_cache = inner_contiguous(k_cache);
   a.v_cache = inner_contiguous(v_cache);
@@ -66,8 +73,9 @@ inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor
 // Output plus the split-KV workspace; sizes depend on shapes only.
 template <class T>
 BlockAttnParams<T> make_block_attn_params(const BlockAttnArgs& a, double scale, at::Tensor& out,
-                                          at::Tensor& workspace) {
+                                          at::Tensor& workspace, int32_t* status) {
   BlockAttnParams<T> p;
+  p.status = status;
   p.q = reinterpret_cast<const T*>(a.q.const_data_ptr());
   p.q_stride_b = a.q.stride(0);
   p.q_stride_g = a.q.stride(1);
@@ -108,14 +116,16 @@ BlockAttnParams<T> make_block_attn_params(const BlockAttnArgs& a, double scale, 
 
 struct InjectArgs {
   at::Tensor k, v, positions, slots, k_norm_weight, cos_sin;
+  NamedTensors all;  // every argument as given, for the status output's overlap check
 };
 
 inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                                     const at::Tensor& slots, const at::Tensor& k_norm_weight,
-                                    const at::Tensor& cos_sin_cache, const at::Tensor& k_cache,
+                                    const at::Tensor& cos_sin_cache, double eps, const at::Tensor& k_cache,
                                     const at::Tensor& v_cache) {
   constexpr const char* op = "inject_context_kv";
   InjectArgs a;
+  check_finite_scalar(eps, true, op, "eps");
   check_float_dtype(k_cache, op, "k_cache");
   const std::pair<const at::Tensor*, const char*> tensors[] = {
       {&k, "k"}, {&v, "v"}, {&positions, "positions"}, {&slots, "slots"}, {&k_norm_weight, "k_norm_weight"},
@@ -145,6 +155,20 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
   check_size(k_norm_weight, 0, d, op, "k_norm_weight", "head_dim");
   check_size(cos_sin_cache, 1, d, op, "cos_sin_cache", "head_dim");
   check_dtype(cos_sin_cache, at::kFloat, op, "cos_sin_cache");
+  TORCH_CHECK(d > 0, "flashspark.", op, ": argument 'k_cache' must have head_dim >= 2, got ", d);
+  check_fits_int32(n, op, "k", "N");
+  check_fits_int32(k_cache.size(0), op, "k_cache", "B");
+  check_fits_int32(k_cache.size(2), op, "k_cache", "S_max");
+  check_fits_int32(cos_sin_cache.size(0), op, "cos_sin_cache", "max_pos");
+  // The caches are written in place: no expanded views, and no memory shared with each
+  // other or with any input.
+  const NamedTensors all = {{k, "k"},       {v, "v"},
+                            {positions, "positions"}, {slots, "slots"},
+                            {k_norm_weight, "k_norm_weight"}, {cos_sin_cache, "cos_sin_cache"},
+                            {k_cache, "k_cache"}, {v_cache, "v_cache"}};
+  check_writable(k_cache, "k_cache", all, op);
+  check_writable(v_cache, "v_cache", all, op);
+  a.all = all;
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "flashspark.", op,
               ": arguments 'k_cache' and 'v_cache' must be contiguous in head_dim (they are written in place)");
   // Token rows may be strided; each token's [Hkv, D] block must be dense.
@@ -158,8 +182,10 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
 }
 
 template <class T>
-InjectParams<T> make_inject_params(const InjectArgs& a, double eps, at::Tensor& k_cache, at::Tensor& v_cache) {
+InjectParams<T> make_inject_params(const InjectArgs& a, double eps, at::Tensor& k_cache, at::Tensor& v_cache,
+                                   int32_t* status) {
   InjectParams<T> p;
+  p.status = status;
   p.k = reinterpret_cast<const T*>(a.k.const_data_ptr());
   p.v = reinterpret_cast<const T*>(a.v.const_data_ptr());
   p.k_stride = a.k.stride(0);
@@ -184,16 +210,6 @@ InjectParams<T> make_inject_params(const InjectArgs& a, double eps, at::Tensor& 
   p.batch = int32_t(k_cache.size(0));
   p.max_len = int32_t(k_cache.size(2));
   return p;
-}
-
-inline const char* inject_error_message(InjectError e) {
-  switch (e) {
-    case InjectError::kOk: return "ok";
-    case InjectError::kSlotRange: return "argument 'slots' holds a cache row outside [0, B)";
-    case InjectError::kPositionRange: return "argument 'positions' holds a position outside [0, max_len) of the cache";
-    case InjectError::kRopeRange: return "argument 'positions' holds a position beyond 'cos_sin_cache'";
-  }
-  return "invalid input";
 }
 
 }  // namespace flashspark::binding

@@ -8,6 +8,7 @@ namespace flashspark::binding {
 
 struct MarkovArgs {
   at::Tensor base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions;
+  NamedTensors all;  // every argument as given, for the status output's overlap check
   int64_t batch = 0, vocab = 0, rank = 0, hidden_size = 0;
 };
 
@@ -18,6 +19,10 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
                                     const at::Tensor& positions) {
   constexpr const char* op = "markov_step";
   MarkovArgs a;
+  a.all = {{base_logits, "base_logits"}, {prev_tokens, "prev_tokens"}, {w1, "w1"},         {w2, "w2"},
+           {hidden, "hidden"},           {conf_w, "conf_w"},           {conf_b, "conf_b"}, {temperature, "temperature"},
+           {seeds, "seeds"},             {positions, "positions"}};
+  if (bias.has_value()) a.all.push_back({*bias, "bias"});
   check_float_dtype(base_logits, op, "base_logits");
   check_dim(base_logits, 2, op, "base_logits");
   check_dim(w1, 2, op, "w1");
@@ -39,6 +44,11 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
               " and ", w2.sizes());
   TORCH_CHECK(a.rank >= 1 && a.rank <= 512, "flashspark.markov_step: argument 'w1' must have rank r in [1, 512], got ",
               a.rank);
+  TORCH_CHECK(a.vocab >= 1, "flashspark.markov_step: argument 'base_logits' must have V >= 1 entries per row, got ",
+              base_logits.sizes());
+  check_fits_int32(a.vocab, op, "base_logits", "V");
+  check_fits_int32(a.batch, op, "base_logits", "B");
+  check_fits_int32(a.hidden_size + a.rank, op, "hidden", "H + r");
   check_size(hidden, 0, a.batch, op, "hidden", "B");
   check_size(conf_w, 0, a.hidden_size + a.rank, op, "conf_w", "H + r");
   check_device(conf_b, base_logits, op, "conf_b");
@@ -78,12 +88,12 @@ struct MarkovOutputs {
 };
 
 template <class T>
-MarkovParams<T> make_markov_params(const MarkovArgs& a, int32_t num_partials, MarkovOutputs& o) {
+MarkovParams<T> make_markov_params(const MarkovArgs& a, int32_t num_partials, MarkovOutputs& o, int32_t* status) {
   const auto f = a.base_logits.options().dtype(at::kFloat);
   o.tokens = at::empty({a.batch}, a.base_logits.options().dtype(at::kInt));
   o.q = at::empty({a.batch, a.vocab}, f);
   o.conf = at::empty({a.batch}, f);
-  o.workspace = at::empty({int64_t(num_partials) * a.batch * 4 + a.batch * 2}, f);
+  o.workspace = at::empty({markov_workspace_floats(num_partials, a.batch)}, f);
   MarkovParams<T> p;
   p.base_logits = reinterpret_cast<const T*>(a.base_logits.const_data_ptr());
   p.u_stride = a.base_logits.stride(0);
@@ -101,23 +111,15 @@ MarkovParams<T> make_markov_params(const MarkovArgs& a, int32_t num_partials, Ma
   p.out_tokens = o.tokens.mutable_data_ptr<int32_t>();
   p.out_q = o.q.mutable_data_ptr<float>();
   p.out_conf = o.conf.mutable_data_ptr<float>();
+  p.status = status;
   p.partial = o.workspace.mutable_data_ptr<float>();
   p.num_partials = num_partials;
-  p.row_stats = p.partial + int64_t(num_partials) * a.batch * 4;
+  p.row_stats = p.partial + int64_t(num_partials) * a.batch * kMarkovSlot;
   p.batch = int32_t(a.batch);
   p.vocab = int32_t(a.vocab);
   p.rank = int32_t(a.rank);
   p.hidden_size = int32_t(a.hidden_size);
   return p;
-}
-
-inline const char* markov_error_message(MarkovError e) {
-  switch (e) {
-    case MarkovError::kOk: return "ok";
-    case MarkovError::kTokenRange: return "argument 'prev_tokens' holds a token id outside [0, V)";
-    case MarkovError::kBadTemperature: return "argument 'temperature' must be >= 0 (0 = greedy)";
-  }
-  return "invalid input";
 }
 
 }  // namespace flashspark::binding

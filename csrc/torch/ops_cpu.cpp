@@ -22,33 +22,42 @@ struct AtenParallelFor {
   }
 };
 
+// Every op: argument checks; then, without a caller's status tensor, the value checks
+// raise before anything is written (CpuStatus / raise_before_launch); with one, each
+// failed item is reported there and takes its failed outputs, as on CUDA.
+
 void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft,
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
                     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets,
-                    int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted) {
+                    int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted,
+                    const std::optional<at::Tensor>& status) {
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
   check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
+  const CpuStatus st(status_ptr(status, a.batch, target_logits,
+                                with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
+                                "verify"),
+                     a.batch);
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
-    const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted);
-    const VerifyError e = cpu::verify_check(p, a.num_tokens);
-    TORCH_CHECK(e == VerifyError::kOk, "flashspark.verify: ", verify_error_message(e));
-    cpu::verify_cpu(p, AtenParallelFor{});
+    const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st.ptr);
+    raise_before_launch(st, [&] { return cpu::verify_check(p, a.num_tokens); }, "verify");
+    cpu::verify_cpu(p, a.num_tokens, AtenParallelFor{});
   });
+  st.raise_if_failed("verify");  // what only the walk sees: non-finite logits, bad dense q
 }
 
 at::Tensor block_diffusion_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                          const at::Tensor& ctx_lens, const at::Tensor& k_block,
-                                         const at::Tensor& v_block, double scale) {
-  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block);
-  const int32_t* lens = a.ctx_lens.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < a.batch; ++b)
-    TORCH_CHECK(lens[b] >= 0 && lens[b] <= a.max_len, "flashspark.block_diffusion_attention: argument 'ctx_lens' ",
-                "must lie in [0, ", a.max_len, "] (the cache length), got ", lens[b], " for request ", b);
+                                         const at::Tensor& v_block, double scale,
+                                         const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "block_diffusion_attention";
+  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale);
+  const CpuStatus st(status_ptr(status, a.batch, q, a.all, op), a.batch);
   at::Tensor out = at::empty({a.batch, a.gamma, a.num_q_heads, a.head_dim}, q.options());
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), [&]<class T>() {
-    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace);
+    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace, st.ptr);
+    raise_before_launch(st, [&] { return cpu::block_attn_check(p); }, op);
     cpu::block_diffusion_attention_cpu(p, AtenParallelFor{});
   });
   return out;
@@ -56,12 +65,14 @@ at::Tensor block_diffusion_attention_cpu(const at::Tensor& q, const at::Tensor& 
 
 void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                            const at::Tensor& slots, const at::Tensor& k_norm_weight, const at::Tensor& cos_sin_cache,
-                           double eps, at::Tensor& k_cache, at::Tensor& v_cache) {
-  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, k_cache, v_cache);
+                           double eps, at::Tensor& k_cache, at::Tensor& v_cache,
+                           const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "inject_context_kv";
+  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache);
+  const CpuStatus st(status_ptr(status, k.size(0), k_cache, a.all, op), k.size(0));
   dispatch_float(k_cache.scalar_type(), [&]<class T>() {
-    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache);
-    const InjectError e = cpu::inject_check(p);
-    TORCH_CHECK(e == InjectError::kOk, "flashspark.inject_context_kv: ", inject_error_message(e));
+    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache, st.ptr);
+    raise_before_launch(st, [&] { return cpu::inject_check(p); }, op);
     cpu::inject_context_kv_cpu(p, AtenParallelFor{});
   });
 }
@@ -69,11 +80,17 @@ void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::T
 at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                             int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
-                            const std::optional<at::Tensor>& norm_weight, double norm_eps) {
+                            const std::optional<at::Tensor>& norm_weight, double norm_eps,
+                            const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "two_tap_conv";
   const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
-  check_cu_blocks_values(a);
+  const CpuStatus st(status_ptr(status, 1, x, a.all, op), 1);
   at::Tensor out = at::empty(x.sizes(), x.options());
-  dispatch_float(x.scalar_type(), [&]<class T>() { cpu::two_tap_conv_cpu(make_two_tap_params<T>(a, out), AtenParallelFor{}); });
+  dispatch_float(x.scalar_type(), [&]<class T>() {
+    const TwoTapParams<T> p = make_two_tap_params<T>(a, out, st.ptr);
+    raise_before_launch(st, [&] { return two_tap_check_blocks(p); }, op);
+    cpu::two_tap_conv_cpu(p, AtenParallelFor{});
+  });
   return out;
 }
 
@@ -92,14 +109,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
     const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
     const std::optional<at::Tensor>& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
     const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
-    const std::optional<at::Tensor>& g_weight) {
+    const std::optional<at::Tensor>& g_weight, const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "path_select";
   const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
                                      hidden, g_weight);
+  const CpuStatus st(status_ptr(status, a.requests, cand_ids, a.all, op), a.requests);
   PathOutputs o = empty_path_outputs(a);
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {
-    const PathParams<T> p = make_path_params<T>(a, o);
-    const PathError e = cpu::path_check(p);
-    TORCH_CHECK(e == PathError::kOk, "flashspark.path_select: ", path_error_message(e));
+    const PathParams<T> p = make_path_params<T>(a, o, st.ptr);
+    raise_before_launch(st, [&] { return cpu::path_check(p); }, op);
     cpu::path_select_cpu(p, AtenParallelFor{});
   });
   return {o.tokens, o.choice, o.scores, o.q};
@@ -108,14 +126,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cpu(
     const at::Tensor& base_logits, const at::Tensor& prev_tokens, const at::Tensor& w1, const at::Tensor& w2,
     const std::optional<at::Tensor>& bias, const at::Tensor& hidden, const at::Tensor& conf_w, const at::Tensor& conf_b,
-    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions) {
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions,
+    const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "markov_step";
   const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
                                          seeds, positions);
+  const CpuStatus st(status_ptr(status, a.batch, base_logits, a.all, op), a.batch);
   MarkovOutputs o;
   dispatch_float(base_logits.scalar_type(), [&]<class T>() {
-    const MarkovParams<T> p = make_markov_params<T>(a, cpu::markov_num_partials_cpu(a.vocab), o);
-    const MarkovError e = cpu::markov_check(p);
-    TORCH_CHECK(e == MarkovError::kOk, "flashspark.markov_step: ", markov_error_message(e));
+    const MarkovParams<T> p = make_markov_params<T>(a, cpu::markov_num_partials_cpu(a.vocab), o, st.ptr);
+    raise_before_launch(st, [&] { return cpu::markov_check(p); }, op);
     cpu::markov_step_cpu(p, AtenParallelFor{});
   });
   return {o.tokens, o.q, o.conf};

@@ -1,6 +1,8 @@
 // CUDA implementations of the flashspark ops: argument checks, then the
 // torch-free launchers from csrc/kernels/*.cu on the current stream. No host
-// synchronization: bad values inside device tensors trap in the kernel.
+// synchronization: bad values inside device tensors fail their request alone,
+// reported in the optional status tensor (see flashspark.raise_on_status); no
+// kernel traps.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -21,28 +23,34 @@ void check_cuda(cudaError_t err, const char* op) {
 void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft,
                      const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
                      const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets,
-                     int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted) {
+                     int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted,
+                     const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
   check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
+  int32_t* st = status_ptr(status, a.batch, target_logits,
+                           with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
+                           "verify");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
-    const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted);
+    const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st);
     check_cuda(cuda::launch_verify<T>(p, a.num_tokens, stream), "verify");
   });
 }
 
 at::Tensor block_diffusion_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                           const at::Tensor& ctx_lens, const at::Tensor& k_block,
-                                          const at::Tensor& v_block, double scale) {
+                                          const at::Tensor& v_block, double scale,
+                                          const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(q.device());
-  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block);
+  const BlockAttnArgs a = check_block_attn_args(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale);
+  int32_t* st = status_ptr(status, a.batch, q, a.all, "block_diffusion_attention");
   at::Tensor out = at::empty({a.batch, a.gamma, a.num_q_heads, a.head_dim}, q.options());
   at::Tensor workspace;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(q.scalar_type(), [&]<class T>() {
-    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace);
+    const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace, st);
     check_cuda(cuda::launch_block_diffusion_attention<T>(p, stream), "block_diffusion_attention");
   });
   return out;
@@ -50,12 +58,14 @@ at::Tensor block_diffusion_attention_cuda(const at::Tensor& q, const at::Tensor&
 
 void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                             const at::Tensor& slots, const at::Tensor& k_norm_weight, const at::Tensor& cos_sin_cache,
-                            double eps, at::Tensor& k_cache, at::Tensor& v_cache) {
+                            double eps, at::Tensor& k_cache, at::Tensor& v_cache,
+                            const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(k_cache.device());
-  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, k_cache, v_cache);
+  const InjectArgs a = check_inject_args(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache);
+  int32_t* st = status_ptr(status, k.size(0), k_cache, a.all, "inject_context_kv");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(k_cache.scalar_type(), [&]<class T>() {
-    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache);
+    const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache, st);
     check_cuda(cuda::launch_inject_context_kv<T>(p, stream), "inject_context_kv");
   });
 }
@@ -63,9 +73,17 @@ void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::
 at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                              int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
                              const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
-                             const std::optional<at::Tensor>& norm_weight, double norm_eps) {
+                             const std::optional<at::Tensor>& norm_weight, double norm_eps,
+                             const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(x.device());
   TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
+  int32_t* st = status_ptr(status, 1, x, a.all, "two_tap_conv");
+  // The conv kernel reads the offsets' check from a status entry: the caller's, or ours.
+  at::Tensor own_status;
+  if (!st && a.cu_blocks.defined()) {
+    own_status = at::empty({1}, x.options().dtype(at::kInt));
+    st = own_status.mutable_data_ptr<int32_t>();
+  }
   // The taps computed from delta_weight [2G, C], one fp32 row per row of x, between the two kernels.
   if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, a.delta_weight.size(0)}, x.options().dtype(at::kFloat));
   // The fused RMSNorm's scale of each row, computed first.
@@ -73,7 +91,7 @@ at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const 
   at::Tensor out = at::empty(x.sizes(), x.options());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(x.scalar_type(), [&]<class T>() {
-    check_cuda(cuda::launch_two_tap_conv<T>(make_two_tap_params<T>(a, out), stream), "two_tap_conv");
+    check_cuda(cuda::launch_two_tap_conv<T>(make_two_tap_params<T>(a, out, st), stream), "two_tap_conv");
   });
   return out;
 }
@@ -95,14 +113,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
     const at::Tensor& cand_ids, const at::Tensor& unary, const at::Tensor& a_emb, const at::Tensor& b_emb,
     const std::optional<at::Tensor>& g, const at::Tensor& anchor, c10::string_view mode, const at::Tensor& temperature,
     const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
-    const std::optional<at::Tensor>& g_weight) {
+    const std::optional<at::Tensor>& g_weight, const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(cand_ids.device());
   const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
                                      hidden, g_weight);
+  int32_t* st = status_ptr(status, a.requests, cand_ids, a.all, "path_select");
   PathOutputs o = empty_path_outputs(a);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {
-    check_cuda(cuda::launch_path_select<T>(make_path_params<T>(a, o), stream), "path_select");
+    check_cuda(cuda::launch_path_select<T>(make_path_params<T>(a, o, st), stream), "path_select");
   });
   return {o.tokens, o.choice, o.scores, o.q};
 }
@@ -110,16 +129,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cuda(
     const at::Tensor& base_logits, const at::Tensor& prev_tokens, const at::Tensor& w1, const at::Tensor& w2,
     const std::optional<at::Tensor>& bias, const at::Tensor& hidden, const at::Tensor& conf_w, const at::Tensor& conf_b,
-    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions) {
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions,
+    const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(base_logits.device());
   const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
                                          seeds, positions);
   TORCH_CHECK(a.batch <= 256, "flashspark.markov_step: argument 'base_logits' has ", a.batch,
               " requests; the CUDA kernel takes at most 256 per call");
+  int32_t* st = status_ptr(status, a.batch, base_logits, a.all, "markov_step");
   MarkovOutputs o;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(base_logits.scalar_type(), [&]<class T>() {
-    const MarkovParams<T> p = make_markov_params<T>(a, cuda::markov_num_partials(a.vocab), o);
+    const MarkovParams<T> p = make_markov_params<T>(a, cuda::markov_num_partials(a.vocab), o, st);
     check_cuda(cuda::launch_markov_step<T>(p, stream), "markov_step");
   });
   return {o.tokens, o.q, o.conf};

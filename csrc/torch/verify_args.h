@@ -16,10 +16,14 @@ inline void check_device(const at::Tensor& t, const at::Tensor& ref, const char*
 }
 inline void check_dim(const at::Tensor& t, int64_t dim, const char* name) { binding::check_dim(t, dim, "verify", name); }
 
+// The one bound on max_spec_len: the output width is max_spec_len + 1 per request.
+constexpr int64_t kMaxSpecLen = 4096;
+
 // Tensors kept alive for the duration of the launch (converted copies).
 struct VerifyArgs {
   at::Tensor logits, draft_tokens, cu_num_draft, q_probs, q_ids, temperature, seeds, offsets;
   DraftQ q_mode = DraftQ::kOneHot;
+  NamedTensors inputs;  // as given, for the outputs' overlap checks
   int32_t batch = 0, vocab = 0, num_tokens = 0, num_candidates = 0, max_spec_len = 0;
 };
 
@@ -28,9 +32,13 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                                     const std::optional<at::Tensor>& draft_probs_ids, const at::Tensor& temperature,
                                     const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len) {
   VerifyArgs a;
+  a.inputs = {{target_logits, "target_logits"}, {draft_tokens, "draft_tokens"}, {cu_num_draft, "cu_num_draft"},
+              {temperature, "temperature"},     {seeds, "seeds"},               {offsets, "offsets"}};
+  if (draft_probs.has_value()) a.inputs.push_back({*draft_probs, "draft_probs"});
+  if (draft_probs_ids.has_value()) a.inputs.push_back({*draft_probs_ids, "draft_probs_ids"});
   check_dim(target_logits, 2, "target_logits");
   check_float_dtype(target_logits, "verify", "target_logits");
-  TORCH_CHECK(max_spec_len >= 0, "flashspark.verify: argument 'max_spec_len' must be >= 0, got ", max_spec_len);
+  check_int_range(max_spec_len, 0, kMaxSpecLen, "verify", "max_spec_len");
   // Rows may be strided (a slice of a larger logits buffer); entries must not.
   a.logits = inner_contiguous(target_logits);
   TORCH_CHECK(a.logits.size(1) > 0 && a.logits.size(1) < (int64_t(1) << 31),
@@ -42,6 +50,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
   a.draft_tokens = as_int32(draft_tokens, "draft_tokens");
   a.cu_num_draft = as_int32(cu_num_draft, "cu_num_draft");
   TORCH_CHECK(cu_num_draft.numel() >= 1, "flashspark.verify: argument 'cu_num_draft' must have B+1 >= 1 entries");
+  check_fits_int32(draft_tokens.numel(), "verify", "draft_tokens", "T");
   a.batch = int32_t(cu_num_draft.numel() - 1);
   a.num_tokens = int32_t(draft_tokens.numel());
   a.vocab = int32_t(a.logits.size(1));
@@ -77,6 +86,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                 q.scalar_type());
     TORCH_CHECK(q.size(0) == a.num_tokens, "flashspark.verify: argument 'draft_probs' must have one row per draft token (",
                 a.num_tokens, "), got ", q.size(0));
+    check_fits_int32(q.size(1), "verify", "draft_probs", "K");
     a.q_probs = inner_contiguous(q);
     if (draft_probs_ids.has_value()) {
       const at::Tensor& ids = *draft_probs_ids;
@@ -110,6 +120,11 @@ inline void check_verify_outputs(const VerifyArgs& a, const at::Tensor& logits, 
               out_num_accepted.sizes());
   TORCH_CHECK(out_tokens.is_contiguous() && out_num_accepted.is_contiguous(),
               "flashspark.verify: arguments 'out_tokens' and 'out_num_accepted' must be contiguous");
+  NamedTensors others = a.inputs;
+  others.push_back({out_tokens, "out_tokens"});
+  others.push_back({out_num_accepted, "out_num_accepted"});
+  check_writable(out_tokens, "out_tokens", others, "verify");
+  check_writable(out_num_accepted, "out_num_accepted", others, "verify");
 }
 
 // Outputs of the functional `verify`: [B, max_spec_len + 1] tokens and [B]
@@ -118,7 +133,7 @@ inline std::tuple<at::Tensor, at::Tensor> empty_verify_outputs(const at::Tensor&
                                                                const at::Tensor& cu_num_draft, int64_t max_spec_len) {
   TORCH_CHECK(cu_num_draft.dim() == 1 && cu_num_draft.numel() >= 1,
               "flashspark.verify: argument 'cu_num_draft' must be 1-D with B+1 >= 1 entries");
-  TORCH_CHECK(max_spec_len >= 0, "flashspark.verify: argument 'max_spec_len' must be >= 0, got ", max_spec_len);
+  check_int_range(max_spec_len, 0, kMaxSpecLen, "verify", "max_spec_len");
   const int64_t batch = cu_num_draft.numel() - 1;
   const auto opts = target_logits.options().dtype(at::kInt);
   return {at::empty({batch, max_spec_len + 1}, opts), at::empty({batch}, opts)};
@@ -126,7 +141,7 @@ inline std::tuple<at::Tensor, at::Tensor> empty_verify_outputs(const at::Tensor&
 
 using VerifyOutFn = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                              const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             int64_t, at::Tensor&, at::Tensor&);
+                             int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&);
 
 // The functional `verify` of a backend: allocate the outputs, run its verify_out.
 template <VerifyOutFn verify_out>
@@ -135,15 +150,17 @@ std::tuple<at::Tensor, at::Tensor> verify_functional(const at::Tensor& target_lo
                                                      const std::optional<at::Tensor>& draft_probs,
                                                      const std::optional<at::Tensor>& draft_probs_ids,
                                                      const at::Tensor& temperature, const at::Tensor& seeds,
-                                                     const at::Tensor& offsets, int64_t max_spec_len) {
+                                                     const at::Tensor& offsets, int64_t max_spec_len,
+                                                     const std::optional<at::Tensor>& status) {
   auto [out_tokens, out_num_accepted] = empty_verify_outputs(target_logits, cu_num_draft, max_spec_len);
   verify_out(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids, temperature, seeds, offsets,
-             max_spec_len, out_tokens, out_num_accepted);
+             max_spec_len, out_tokens, out_num_accepted, status);
   return {out_tokens, out_num_accepted};
 }
 
 template <class T>
-VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, at::Tensor& out_num_accepted) {
+VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, at::Tensor& out_num_accepted,
+                                   int32_t* status) {
   VerifyParams<T> p;
   p.logits = reinterpret_cast<const T*>(a.logits.const_data_ptr());
   p.logits_row_stride = a.logits.stride(0);
@@ -161,25 +178,11 @@ VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, 
   p.offsets = a.offsets.const_data_ptr<int64_t>();
   p.out_tokens = out_tokens.mutable_data_ptr<int32_t>();
   p.out_num_accepted = out_num_accepted.mutable_data_ptr<int32_t>();
+  p.status = status;
   p.batch = a.batch;
   p.vocab = a.vocab;
   p.max_spec_len = a.max_spec_len;
   return p;
-}
-
-inline const char* verify_error_message(VerifyError e) {
-  switch (e) {
-    case VerifyError::kOk: return "ok";
-    case VerifyError::kBadCuNumDraft:
-      return "argument 'cu_num_draft' must start at 0, never decrease, and end at the number of draft tokens";
-    case VerifyError::kSpecTooLong: return "argument 'cu_num_draft' gives a request more than max_spec_len draft tokens";
-    case VerifyError::kDraftTokenRange: return "argument 'draft_tokens' holds a token id outside [0, V)";
-    case VerifyError::kCandidateRange: return "argument 'draft_probs_ids' holds a token id outside [0, V)";
-    case VerifyError::kBadTemperature: return "argument 'temperature' must be >= 0 (0 = greedy)";
-    case VerifyError::kDraftNotListed:
-      return "argument 'draft_tokens' holds a token that is not among its row's 'draft_probs_ids' (sparse q)";
-  }
-  return "invalid input";
 }
 
 }  // namespace flashspark::binding

@@ -42,6 +42,26 @@ FS_HOST_DEVICE uint32_t float_to_bits(float f) {
 #endif
 }
 
+FS_HOST_DEVICE uint64_t double_to_bits(double d) {
+#if defined(__CUDA_ARCH__)
+  return uint64_t(__double_as_longlong(d));
+#else
+  uint64_t u;
+  std::memcpy(&u, &d, sizeof(u));
+  return u;
+#endif
+}
+
+FS_HOST_DEVICE double bits_to_double(uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double((long long)u);
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof(d));
+  return d;
+#endif
+}
+
 FS_HOST_DEVICE float to_float(float x) { return x; }
 FS_HOST_DEVICE float to_float(bfloat16_t x) { return bits_to_float(uint32_t(x.bits) << 16); }
 
@@ -101,7 +121,57 @@ FS_HOST_DEVICE float16_t from_float<float16_t>(float x) { return to_float16(x); 
 
 constexpr float kNegInf = -INFINITY;
 
+constexpr float kPosInf = INFINITY;
+constexpr float kFloatMax = 3.40282347e+38f;
+
 FS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- the bad-input contract shared by every kernel ----------------------------
+//
+// Per-item status codes. Kernels never trap: a check that fails writes its code
+// into the op's optional status tensor (one entry per request, token or call), and
+// that item's outputs take their documented "failed" values. The CPU binding raises
+// the same message eagerly when no status tensor is passed. One code space for all
+// ops, so a status tensor reads the same whichever op wrote it.
+enum class Status : int32_t {
+  kOk = 0,
+  kBadCuNumDraft = 1,     // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
+  kSpecTooLong = 2,       // verify: a request has more than max_spec_len draft tokens
+  kDraftTokenRange = 3,   // verify: a draft token outside [0, V)
+  kCandidateRange = 4,    // verify: a sparse q id outside [0, V)
+  kBadTemperature = 5,    // verify, path_select, markov_step: NaN, infinite or negative temperature
+  kDraftNotListed = 6,    // verify: sparse q whose candidates do not list the draft token
+  kNonFiniteLogit = 7,    // verify: NaN or +inf in a logit row the walk reads
+  kNoFiniteLogit = 8,     // verify: a logit row the walk reads is all -inf
+  kBadDraftProb = 9,      // verify: a draft probability read is NaN or outside [0, 1]
+  kSlotRange = 10,        // inject_context_kv: a cache row outside [0, B)
+  kPositionRange = 11,    // inject_context_kv: a position outside [0, S_max)
+  kRopeRange = 12,        // inject_context_kv: a position beyond the cos/sin cache
+  kCtxLenRange = 13,      // block_diffusion_attention: a context length outside [0, S_max]
+  kBadCuBlocks = 14,      // two_tap_conv: cu_blocks not starting at 0, decreasing, or not ending at N
+  kPathTokenRange = 15,   // path_select: a candidate or anchor id outside [0, V)
+  kPrevTokenRange = 16,   // markov_step: a previous token outside [0, V)
+};
+
+FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {
+  if (status) status[i] = int32_t(s);
+}
+
+// Below this temperature a request samples greedily (vLLM's floor): 1 / T then never
+// exceeds 1e5, and temperatures whose reciprocal overflows cannot reach a kernel.
+constexpr float kGreedyTemperature = 1e-5f;
+
+// A usable temperature is finite and >= 0; NaN fails both comparisons.
+FS_HOST_DEVICE bool temperature_ok(float t) { return t >= 0.f && t < kPosInf; }
+FS_HOST_DEVICE bool temperature_greedy(float t) { return t < kGreedyTemperature; }
+
+// How drafter-side kernels (topk_select, path_select, markov_step) read a logit: NaN as
+// -inf (never chosen, no mass) and +inf as the largest finite float, so every score is
+// finite or -inf and no softmax over them can produce NaN.
+FS_HOST_DEVICE float drafter_logit(float x) {
+  if (!(x == x)) return kNegInf;
+  return x > kFloatMax ? kFloatMax : x;
+}
 
 // RMSNorm's scale of a row: 1 / sqrt(mean(x^2) + eps) from its sum of squares.
 FS_HOST_DEVICE float rms_inv(float sum_squares, int32_t dim, float eps) {

@@ -28,19 +28,18 @@ struct InjectParams {
   T* v_cache = nullptr;
   int64_t cache_stride_b = 0, cache_stride_h = 0, cache_stride_s = 0;
   int64_t v_cache_stride_b = 0, v_cache_stride_h = 0, v_cache_stride_s = 0;
+  int32_t* status = nullptr;       // [N] Status codes, or null: a failed token writes nothing
   int32_t num_tokens = 0, num_kv_heads = 0, head_dim = 0, max_pos = 0, batch = 0, max_len = 0;
 };
 
-enum class InjectError : int32_t { kOk = 0, kSlotRange, kPositionRange, kRopeRange };
-
 template <class T>
-FS_HOST_DEVICE InjectError inject_check_token(const InjectParams<T>& p, int32_t i) {
+FS_HOST_DEVICE Status inject_check_token(const InjectParams<T>& p, int32_t i) {
   const int32_t slot = p.slots[i];
   const int64_t pos = p.positions[i];
-  if (slot < 0 || slot >= p.batch) return InjectError::kSlotRange;
-  if (pos < 0 || pos >= p.max_len) return InjectError::kPositionRange;
-  if (pos >= p.max_pos) return InjectError::kRopeRange;
-  return InjectError::kOk;
+  if (slot < 0 || slot >= p.batch) return Status::kSlotRange;
+  if (pos < 0 || pos >= p.max_len) return Status::kPositionRange;
+  if (pos >= p.max_pos) return Status::kRopeRange;
+  return Status::kOk;
 }
 
 // Where row (token i, KV head h) reads and writes.
@@ -99,10 +98,17 @@ struct BlockAttnParams {
   float* partial_acc = nullptr;  // workspace [B, Hkv, R, num_splits, D]
   float* partial_ml = nullptr;   // workspace [B, Hkv, R, num_splits, 2]
   int32_t num_splits = 0;        // ceil((S + G) / split_keys): static, from sizes only
+  int32_t* status = nullptr;     // [B] Status codes, or null: a failed request's output is NaN
 
   FS_HOST_DEVICE int32_t group() const { return num_q_heads / num_kv_heads; }
   FS_HOST_DEVICE int32_t rows() const { return gamma * group(); }  // query rows per KV head
 };
+
+template <class T>
+FS_HOST_DEVICE Status block_attn_check_request(const BlockAttnParams<T>& p, int32_t b) {
+  const int32_t ctx = p.ctx_lens[b];
+  return ctx >= 0 && ctx <= p.max_len ? Status::kOk : Status::kCtxLenRange;
+}
 
 // Key j of request b, KV head h: the context cache for j < ctx, else the block.
 template <class T>
@@ -152,6 +158,10 @@ FS_HOST_DEVICE void block_attn_combine_row(const BlockAttnParams<T>& p, int32_t 
   }
   const float inv_l = l > 0.f ? 1.f / l : 0.f;
   T* out = block_attn_out(p, b, h, r);
+  if (block_attn_check_request(p, b) != Status::kOk) {  // its splits read nothing
+    for (int32_t d = d_begin; d < p.head_dim; d += d_step) out[d] = from_float<T>(NAN);
+    return;
+  }
   for (int32_t d = d_begin; d < p.head_dim; d += d_step) {
     float acc = 0.f;
     for (int32_t s = 0; s < p.num_splits; ++s) {

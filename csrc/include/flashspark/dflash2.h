@@ -41,9 +41,21 @@ struct TwoTapParams {
   int32_t block_size = 0;
   int64_t rows = 0;
   int32_t channels = 0;
+  int32_t* status = nullptr;    // [1] Status of the call (CUDA: always given with cu_blocks), or null
 
   FS_HOST_DEVICE int32_t groups() const { return int32_t(ceil_div(channels, kConvGroup)); }
 };
+
+// Ragged block offsets must start at 0, never decrease, and end at the row count;
+// the whole call fails otherwise (its output is NaN).
+template <class T>
+FS_HOST_DEVICE Status two_tap_check_blocks(const TwoTapParams<T>& p) {
+  if (!p.cu_blocks) return Status::kOk;
+  if (p.cu_blocks[0] != 0 || p.cu_blocks[p.num_blocks] != p.rows) return Status::kBadCuBlocks;
+  for (int32_t i = 0; i < p.num_blocks; ++i)
+    if (p.cu_blocks[i] > p.cu_blocks[i + 1]) return Status::kBadCuBlocks;
+  return Status::kOk;
+}
 
 // Whether row t starts a block (its left neighbour is outside the block).
 // With ragged blocks the caller passes the block's first row.
@@ -156,7 +168,9 @@ FS_HOST_DEVICE TopKState topk_state_identity(int32_t k) {
   return s;
 }
 
+// v as drafter_logit reads it: NaN counts as -inf, so a row always yields K ids.
 FS_HOST_DEVICE void topk_state_add(TopKState& s, float v, int32_t id) {
+  v = drafter_logit(v);
   topk_push(s.top, v, id);
   softmax_add(s.softmax, v);
 }
@@ -185,7 +199,9 @@ FS_HOST_DEVICE void topk_write(const TopKState& s, float* values, int32_t* ids, 
 
 enum class PathMode : int32_t { kBacktrack = 0, kGreedy = 1, kSample = 2 };
 
-enum class PathError : int32_t { kOk = 0, kTokenRange, kBadTemperature };
+// Candidate lists longer than this are not a Top-K lattice (and would make the
+// [R, P, K, K] workspace huge).
+constexpr int32_t kMaxPathCandidates = 64;
 
 template <class T>
 struct PathParams {
@@ -208,6 +224,7 @@ struct PathParams {
   int32_t* out_choice = nullptr;      // [R, P] index into the K candidates
   float* out_scores = nullptr;        // [R, P, K]: S_t(chosen predecessor, .)
   float* out_q = nullptr;             // [R, P, K]: probability of each candidate given the chosen predecessor
+  int32_t* status = nullptr;          // [R] Status codes, or null
   float* lattice = nullptr;           // workspace [R, P, K, K]: S_t(a, b) (greedy/sample fill row a = 0)
   float* best = nullptr;              // workspace [R, P, K] (backtrack)
   int32_t* backptr = nullptr;         // workspace [R, P, K] (backtrack)
@@ -247,38 +264,61 @@ FS_HOST_DEVICE float path_pair_score(const PathParams<T>& p, int64_t rt, int32_t
 }
 
 template <class T>
-FS_HOST_DEVICE PathError path_check_request(const PathParams<T>& p, int32_t r) {
-  if (p.anchor[r] < 0 || p.anchor[r] >= p.vocab) return PathError::kTokenRange;
+FS_HOST_DEVICE Status path_check_request(const PathParams<T>& p, int32_t r) {
+  if (p.anchor[r] < 0 || p.anchor[r] >= p.vocab) return Status::kPathTokenRange;
   for (int64_t j = int64_t(r) * p.positions * p.k; j < int64_t(r + 1) * p.positions * p.k; ++j)
-    if (p.cand_ids[j] < 0 || p.cand_ids[j] >= p.vocab) return PathError::kTokenRange;
-  if (p.mode == PathMode::kSample && !(p.temperature[r] >= 0.f)) return PathError::kBadTemperature;
-  return PathError::kOk;
+    if (p.cand_ids[j] < 0 || p.cand_ids[j] >= p.vocab) return Status::kPathTokenRange;
+  if (p.mode == PathMode::kSample && !temperature_ok(p.temperature[r])) return Status::kBadTemperature;
+  return Status::kOk;
 }
 
-// Leader-only: the choice at position t from its score row, and the q row.
+// A failed request's outputs (written by every participant in turn, or the leader).
 template <class T>
-FS_HOST_DEVICE int32_t path_choose(const PathParams<T>& p, int32_t r, int32_t t, const float* row, float* q) {
+FS_HOST_DEVICE void path_write_failed(const PathParams<T>& p, int32_t r, int64_t begin, int64_t step) {
+  const int64_t base = int64_t(r) * p.positions;
+  for (int64_t i = begin; i < int64_t(p.positions) * p.k; i += step) {
+    p.out_scores[base * p.k + i] = NAN;
+    p.out_q[base * p.k + i] = 0.f;
+    if (i < p.positions) {
+      p.out_tokens[base + i] = -1;
+      p.out_choice[base + i] = -1;
+    }
+  }
+}
+
+// Leader-only: the choice at position t from its score row (read as drafter_logit
+// reads a logit, and written back so), and the q row. A row with no finite score, and
+// greedy or deterministic modes, choose by argmax (the first candidate on ties) with
+// q one-hot there; a sampled row races at 1 / T over the K candidates.
+template <class T>
+FS_HOST_DEVICE int32_t path_choose(const PathParams<T>& p, int32_t r, int32_t t, float* row, float* q) {
   const int32_t K = p.k;
-  const bool sample = p.mode == PathMode::kSample && p.temperature[r] > 0.f;
   ArgMax best = argmax_identity();
-  if (!sample) {
-    for (int32_t j = 0; j < K; ++j) argmax_add(best, row[j], j);
-    for (int32_t j = 0; j < K; ++j) q[j] = j == best.i ? 1.f : 0.f;
-    return best.i;
+  for (int32_t j = 0; j < K; ++j) {
+    row[j] = drafter_logit(row[j]);
+    argmax_add(best, row[j], j);
+  }
+  const bool sample = p.mode == PathMode::kSample && !temperature_greedy(p.temperature[r]);
+  SoftmaxState st = softmax_identity();
+  const float inv_t = sample ? 1.f / p.temperature[r] : 1.f;
+  if (sample)
+    for (int32_t j = 0; j < K; ++j) softmax_add(st, row[j], inv_t);
+  if (!sample || !softmax_valid(st)) {
+    const int32_t c = best.i < 0 ? 0 : best.i;
+    for (int32_t j = 0; j < K; ++j) q[j] = j == c ? 1.f : 0.f;
+    return c;
   }
   // Sampled path: exponential race over the K candidates at this position,
   // and q = softmax(row / T), the distribution the race draws from.
-  const float inv_t = 1.f / p.temperature[r];
-  SoftmaxState st = softmax_identity();
-  for (int32_t j = 0; j < K; ++j) softmax_add(st, row[j] * inv_t);
-  const float lse = softmax_lse(st);
+  const float log_s = logf(st.s);
   const uint64_t seed = uint64_t(p.seeds[r]), position = uint64_t(p.offsets[r]) + uint64_t(t);
+  best = argmax_identity();
   for (int32_t j = 0; j < K; ++j) {
-    const float lp = row[j] * inv_t - lse;
+    const float lp = softmax_log_prob(row[j], st, inv_t, log_s);
     q[j] = expf(lp);
     if (lp != kNegInf) argmax_add(best, lp + gumbel_from_u32(philox_u32(seed, position, kPurposePath, uint32_t(j))), j);
   }
-  return best.i;
+  return best.i < 0 ? 0 : best.i;
 }
 
 // The per-request driver shared by CPU and CUDA. Backend (collective calls):
@@ -292,6 +332,7 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
   const int64_t base = int64_t(r) * P;
   const int32_t anchor = p.anchor[r];
   float* lattice = p.lattice + base * K * K;
+  if (P == 0) return;
   if (p.mode == PathMode::kBacktrack) {
     // Max-score path over the whole lattice: forward DP, then backtrack.
     for (int32_t t = 0; t < P; ++t) {
@@ -299,6 +340,7 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
       be.pair_scores(base + t, prev, t == 0 ? 1 : K, lattice + int64_t(t) * K * K);
     }
     if (be.leader()) {
+      for (int64_t i = 0; i < int64_t(P) * K * K; ++i) lattice[i] = drafter_logit(lattice[i]);
       float* best = p.best + base * K;
       int32_t* bp = p.backptr + base * K;
       for (int32_t b = 0; b < K; ++b) {
@@ -309,7 +351,7 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
         for (int32_t b = 0; b < K; ++b) {
           ArgMax am = argmax_identity();
           for (int32_t a = 0; a < K; ++a) argmax_add(am, best[(t - 1) * K + a] + lattice[(int64_t(t) * K + a) * K + b], a);
-          best[t * K + b] = am.v;
+          best[t * K + b] = am.i < 0 ? kNegInf : am.v;
           bp[t * K + b] = am.i < 0 ? 0 : am.i;
         }
       ArgMax last = argmax_identity();
@@ -339,7 +381,6 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
     int32_t c = 0;
     if (be.leader()) {
       c = path_choose(p, r, t, row, p.out_q + (base + t) * K);
-      if (c < 0) c = 0;
       for (int32_t j = 0; j < K; ++j) p.out_scores[(base + t) * K + j] = row[j];
       p.out_choice[base + t] = c;
       p.out_tokens[base + t] = p.cand_ids[(base + t) * K + c];

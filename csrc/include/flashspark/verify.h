@@ -40,62 +40,62 @@ struct VerifyParams {
   int64_t q_row_stride = 0;
   const int32_t* q_ids = nullptr;     // sparse only: [T, K], row stride = num_candidates
   int32_t num_candidates = 0;         // K
-  const float* temperature = nullptr; // [B]; 0 = greedy
+  const float* temperature = nullptr; // [B]; below kGreedyTemperature = greedy
   const int64_t* seeds = nullptr;     // [B]
   const int64_t* offsets = nullptr;   // [B]
   int32_t* out_tokens = nullptr;      // [B, max_spec_len + 1]
-  int32_t* out_num_accepted = nullptr;// [B]
+  int32_t* out_num_accepted = nullptr;// [B]; -1 for a failed request (it emits nothing)
+  int32_t* status = nullptr;          // [B] Status codes, or null
   int32_t batch = 0;
   int32_t vocab = 0;
   int32_t max_spec_len = 0;
 };
 
-// Per-request input errors. The CPU binding reports them as exceptions before
-// launching; the CUDA kernel traps on them (no host synchronization).
-enum class VerifyError : int32_t {
-  kOk = 0,
-  kBadCuNumDraft,     // cu_num_draft not starting at 0, decreasing, or not ending at T
-  kSpecTooLong,       // a request has more than max_spec_len draft tokens
-  kDraftTokenRange,   // a draft token outside [0, V)
-  kCandidateRange,    // a sparse q id outside [0, V)
-  kBadTemperature,    // negative or NaN temperature
-  kDraftNotListed,    // sparse q: a draft token that is not among its row's candidate ids
-};
+// A draft probability is usable when it is a probability (NaN fails).
+FS_HOST_DEVICE bool draft_prob_ok(float q) { return q >= 0.f && q <= 1.f; }
 
+// Checks of request b's own slice of the inputs, before any row is read: its
+// cu_num_draft entries (so the rows it reads exist), temperature, draft ids,
+// sparse candidates and the draft's own q. Shared by the CPU binding (eagerly,
+// to raise) and both kernels (per request, into the status).
 template <class T>
-FS_HOST_DEVICE VerifyError verify_check_request(const VerifyParams<T>& p, int32_t b, int32_t num_tokens) {
+FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, int32_t num_tokens) {
   const int32_t lo = p.cu_num_draft[b], hi = p.cu_num_draft[b + 1];
-  if (b == 0 && lo != 0) return VerifyError::kBadCuNumDraft;
-  if (b == p.batch - 1 && hi != num_tokens) return VerifyError::kBadCuNumDraft;
-  if (hi < lo || lo < 0 || hi > num_tokens) return VerifyError::kBadCuNumDraft;
-  if (hi - lo > p.max_spec_len) return VerifyError::kSpecTooLong;
-  const float t = p.temperature[b];
-  if (!(t >= 0.f)) return VerifyError::kBadTemperature;
+  if (b == 0 && lo != 0) return Status::kBadCuNumDraft;
+  if (b == p.batch - 1 && hi != num_tokens) return Status::kBadCuNumDraft;
+  if (hi < lo || lo < 0 || hi > num_tokens) return Status::kBadCuNumDraft;
+  if (hi - lo > p.max_spec_len) return Status::kSpecTooLong;
+  if (!temperature_ok(p.temperature[b])) return Status::kBadTemperature;
   for (int32_t i = lo; i < hi; ++i) {
     const int32_t x = p.draft_tokens[i];
-    if (x < 0 || x >= p.vocab) return VerifyError::kDraftTokenRange;
+    if (x < 0 || x >= p.vocab) return Status::kDraftTokenRange;
     if (p.q_mode == DraftQ::kSparse) {
       bool listed = false;
       for (int32_t j = 0; j < p.num_candidates; ++j) {
         const int32_t c = p.q_ids[int64_t(i) * p.num_candidates + j];
-        if (c < 0 || c >= p.vocab) return VerifyError::kCandidateRange;
+        if (c < 0 || c >= p.vocab) return Status::kCandidateRange;
+        if (!draft_prob_ok(p.q_probs[int64_t(i) * p.q_row_stride + j])) return Status::kBadDraftProb;
         listed |= c == x;
       }
       // A draft drawn from q is always listed; an unlisted one has q(x) = 0.
-      if (!listed) return VerifyError::kDraftNotListed;
+      if (!listed) return Status::kDraftNotListed;
+    } else if (p.q_mode == DraftQ::kDense) {
+      if (!draft_prob_ok(p.q_probs[int64_t(i) * p.q_row_stride + x])) return Status::kBadDraftProb;
     }
   }
-  return VerifyError::kOk;
+  return Status::kOk;
 }
 
 // ---- per-element math -------------------------------------------------------
 
 // q restricted to a short candidate list (sparse q, or the one-hot draft as a
-// list of one): q(x) for a listed x, or -1 when x is not listed (q(x) = 0).
+// list of one): q(x) summed over every entry listing x (so duplicate ids are
+// exact), or -1 when x is not listed (q(x) = 0).
 FS_HOST_DEVICE float listed_q(const int32_t* ids, const float* probs, int32_t k, int32_t x) {
+  float q = -1.f;
   for (int32_t j = 0; j < k; ++j)
-    if (ids[j] == x) return probs[j];
-  return -1.f;
+    if (ids[j] == x) q = q < 0.f ? probs[j] : q + probs[j];
+  return q;
 }
 
 // Race key of token x for the residual norm(max(p - q, 0)), given
@@ -110,18 +110,34 @@ FS_HOST_DEVICE float residual_key(float lp, float q, float g) {
 // that q(x) = 0 (never drafted; only reachable through bad input) accepts iff p > 0.
 FS_HOST_DEVICE bool accept_draft(float u, float p_x, float q_x) { return u * q_x < p_x; }
 
+// The greedy walk reads a logit as itself, except NaN as +inf: the row's maximum is
+// then +inf exactly when the row holds NaN or +inf, and -inf when it is all -inf.
+FS_HOST_DEVICE float greedy_logit(float x) { return x == x ? x : kPosInf; }
+
+FS_HOST_DEVICE Status greedy_row_status(const ArgMax& am) {
+  if (!(am.v < kPosInf)) return Status::kNonFiniteLogit;
+  return am.v == kNegInf ? Status::kNoFiniteLogit : Status::kOk;
+}
+
+FS_HOST_DEVICE Status softmax_row_status(const SoftmaxState& st) {
+  if (softmax_valid(st)) return Status::kOk;
+  return st.m == kNegInf && st.s == 0.f ? Status::kNoFiniteLogit : Status::kNonFiniteLogit;
+}
+
 // Two races run over the same noise in one pass: `residual` samples the
 // correction token; `target` samples from p itself and is the fallback when
-// the residual has no mass left (p == q up to rounding).
+// the residual has no mass left (p == q up to rounding). `bad_q` flags a dense
+// q entry that is not a probability.
 struct RaceResult {
   ArgMax residual;
   ArgMax target;
+  int32_t bad_q;
 };
 
-FS_HOST_DEVICE RaceResult race_identity() { return RaceResult{argmax_identity(), argmax_identity()}; }
+FS_HOST_DEVICE RaceResult race_identity() { return RaceResult{argmax_identity(), argmax_identity(), 0}; }
 
 FS_HOST_DEVICE RaceResult race_merge(const RaceResult& a, const RaceResult& b) {
-  return RaceResult{argmax_merge(a.residual, b.residual), argmax_merge(a.target, b.target)};
+  return RaceResult{argmax_merge(a.residual, b.residual), argmax_merge(a.target, b.target), a.bad_q | b.bad_q};
 }
 
 struct RaceMergeOp {
@@ -138,8 +154,20 @@ struct RaceQ {
   int32_t k;
 };
 
-// Adds token x with log-probability lp and Gumbel noise g to both races.
-FS_HOST_DEVICE void race_add(RaceResult& r, const RaceQ& q, int32_t x, float lp, float g) {
+// The row's softmax, as a race needs it: log p(x) = (x - m) * inv_t - log_s.
+struct RowSoftmax {
+  float m, inv_t, log_s;
+  FS_HOST_DEVICE float log_prob(float x) const { return (x - m) * inv_t - log_s; }
+};
+
+// Adds token x with logit value x_logit and Gumbel noise g to both races.
+FS_HOST_DEVICE void race_add(RaceResult& r, const RaceQ& q, const RowSoftmax& sm, int32_t x, float x_logit, float g) {
+  float qx = 0.f;
+  if (q.mode == DraftQ::kDense) {  // the whole q row is read once: check it as it goes
+    qx = q.dense[x];
+    if (!draft_prob_ok(qx)) r.bad_q = 1;
+  }
+  const float lp = sm.log_prob(x_logit);
   const float kp = lp + g;
   if (kp == kNegInf || !(kp == kp)) return;
   if (argmax_better(kp, x, r.target)) r.target = ArgMax{kp, x};
@@ -148,10 +176,10 @@ FS_HOST_DEVICE void race_add(RaceResult& r, const RaceQ& q, int32_t x, float lp,
   if (!argmax_better(kp, x, r.residual)) return;
   float kr;
   if (q.mode == DraftQ::kDense) {
-    kr = residual_key(lp, q.dense[x], g);
+    kr = residual_key(lp, qx, g);
   } else {
-    const float qx = listed_q(q.ids, q.probs, q.k, x);
-    kr = qx < 0.f ? kp : residual_key(lp, qx, g);
+    const float lq = listed_q(q.ids, q.probs, q.k, x);
+    kr = lq < 0.f ? kp : residual_key(lp, lq, g);
   }
   if (kr != kNegInf && argmax_better(kr, x, r.residual)) r.residual = ArgMax{kr, x};
 }
@@ -160,78 +188,103 @@ FS_HOST_DEVICE void race_add(RaceResult& r, const RaceQ& q, int32_t x, float lp,
 //
 // Backend interface (all members are collective: every participant calls them
 // and every participant receives the same result):
-//   ArgMax        row_argmax(const T* row)
+//   ArgMax        row_argmax(const T* row)            -- of greedy_logit(x)
 //   SoftmaxState  row_softmax(const T* row, float inv_t)
-//   RaceResult    row_race(const T* row, float inv_t, float lse, const RaceQ& q,
+//   RaceResult    row_race(const T* row, const RowSoftmax& sm, const RaceQ& q,
 //                          uint64_t seed, uint64_t position)
 //   bool          leader()    -- true for the one participant that writes outputs
+//
+// The caller has checked the request (verify_check_request) and passes the result;
+// the walk adds the checks of the rows it reads. A failed request writes -1 over its
+// whole output row and num_accepted = -1; its status entry holds the code.
 template <class T, class Backend>
-FS_HOST_DEVICE void verify_request(const VerifyParams<T>& p, int32_t b, Backend& be) {
-  const int32_t lo = p.cu_num_draft[b];
-  const int32_t n = p.cu_num_draft[b + 1] - lo;
-  const int64_t row0 = int64_t(lo) + b;
-  const float temp = p.temperature[b];
-  const bool greedy = temp == 0.f;
-  const float inv_t = greedy ? 1.f : 1.f / temp;
-  const uint64_t seed = uint64_t(p.seeds[b]);
-  const uint64_t offset = uint64_t(p.offsets[b]);
+FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status status, Backend& be) {
   int32_t* out = p.out_tokens + int64_t(b) * (p.max_spec_len + 1);
-  const float one = 1.f;
-
   int32_t k = 0;
   int32_t emitted = -1;
-  bool rejected = false;
-  for (; k < n; ++k) {
-    const T* row = p.logits + (row0 + k) * p.logits_row_stride;
-    const int32_t x = p.draft_tokens[lo + k];
-    if (greedy) {
-      const ArgMax am = be.row_argmax(row);
-      if (am.i == x) {
+  if (status == Status::kOk) {
+    const int32_t lo = p.cu_num_draft[b];
+    const int32_t n = p.cu_num_draft[b + 1] - lo;
+    const int64_t row0 = int64_t(lo) + b;
+    const float temp = p.temperature[b];
+    const bool greedy = temperature_greedy(temp);
+    const float inv_t = greedy ? 1.f : 1.f / temp;
+    const uint64_t seed = uint64_t(p.seeds[b]);
+    const uint64_t offset = uint64_t(p.offsets[b]);
+    const float one = 1.f;
+    bool rejected = false;
+    for (; k < n; ++k) {
+      const T* row = p.logits + (row0 + k) * p.logits_row_stride;
+      const int32_t x = p.draft_tokens[lo + k];
+      if (greedy) {
+        const ArgMax am = be.row_argmax(row);
+        status = greedy_row_status(am);
+        if (status != Status::kOk) break;
+        if (am.i == x) {
+          if (be.leader()) out[k] = x;
+          continue;
+        }
+        emitted = am.i;
+        rejected = true;
+        break;
+      }
+      const SoftmaxState st = be.row_softmax(row, inv_t);
+      status = softmax_row_status(st);
+      if (status != Status::kOk) break;
+      const RowSoftmax sm{st.m, inv_t, logf(st.s)};
+      const float p_x = expf(sm.log_prob(to_float(row[x])));
+      RaceQ q{p.q_mode, nullptr, &x, &one, 1};
+      float q_x = 1.f;
+      if (p.q_mode == DraftQ::kDense) {
+        q.dense = p.q_probs + int64_t(lo + k) * p.q_row_stride;
+        q_x = q.dense[x];
+      } else if (p.q_mode == DraftQ::kSparse) {
+        q.ids = p.q_ids + int64_t(lo + k) * p.num_candidates;
+        q.probs = p.q_probs + int64_t(lo + k) * p.q_row_stride;
+        q.k = p.num_candidates;
+        q_x = fmaxf(listed_q(q.ids, q.probs, q.k, x), 0.f);
+      }
+      const float u = uniform_open01(philox_u32(seed, offset + k, kPurposeAccept, 0));
+      if (accept_draft(u, p_x, q_x)) {
         if (be.leader()) out[k] = x;
         continue;
       }
-      emitted = am.i;
+      const RaceResult r = be.row_race(row, sm, q, seed, offset + k);
+      if (r.bad_q) {
+        status = Status::kBadDraftProb;
+        break;
+      }
+      emitted = r.residual.i >= 0 ? r.residual.i : r.target.i;
       rejected = true;
       break;
     }
-    const SoftmaxState st = be.row_softmax(row, inv_t);
-    const float lse = softmax_lse(st);
-    const float p_x = expf(to_float(row[x]) * inv_t - lse);
-    RaceQ q{p.q_mode, nullptr, &x, &one, 1};
-    float q_x = 1.f;
-    if (p.q_mode == DraftQ::kDense) {
-      q.dense = p.q_probs + int64_t(lo + k) * p.q_row_stride;
-      q_x = q.dense[x];
-    } else if (p.q_mode == DraftQ::kSparse) {
-      q.ids = p.q_ids + int64_t(lo + k) * p.num_candidates;
-      q.probs = p.q_probs + int64_t(lo + k) * p.q_row_stride;
-      q.k = p.num_candidates;
-      q_x = fmaxf(listed_q(q.ids, q.probs, q.k, x), 0.f);
-    }
-    const float u = uniform_open01(philox_u32(seed, offset + k, kPurposeAccept, 0));
-    if (accept_draft(u, p_x, q_x)) {
-      if (be.leader()) out[k] = x;
-      continue;
-    }
-    const RaceResult r = be.row_race(row, inv_t, lse, q, seed, offset + k);
-    emitted = r.residual.i >= 0 ? r.residual.i : r.target.i;
-    rejected = true;
-    break;
-  }
-  if (!rejected) {  // every draft accepted: the bonus token comes from p
-    const T* row = p.logits + (row0 + n) * p.logits_row_stride;
-    if (greedy) {
-      emitted = be.row_argmax(row).i;
-    } else {
-      const RaceQ none{DraftQ::kOneHot, nullptr, nullptr, nullptr, 0};
-      // lse only shifts every key equally, so the bonus race skips the softmax pass.
-      emitted = be.row_race(row, inv_t, 0.f, none, seed, offset + n).target.i;
+    if (status == Status::kOk && !rejected) {  // every draft accepted: the bonus token comes from p
+      const T* row = p.logits + (row0 + n) * p.logits_row_stride;
+      if (greedy) {
+        const ArgMax am = be.row_argmax(row);
+        status = greedy_row_status(am);
+        emitted = am.i;
+      } else {
+        const SoftmaxState st = be.row_softmax(row, inv_t);
+        status = softmax_row_status(st);
+        if (status == Status::kOk) {
+          const RaceQ none{DraftQ::kOneHot, nullptr, nullptr, nullptr, 0};
+          emitted = be.row_race(row, RowSoftmax{st.m, inv_t, logf(st.s)}, none, seed, offset + n).target.i;
+        }
+      }
     }
   }
   if (be.leader()) {
-    out[k] = emitted;
-    p.out_num_accepted[b] = k;
+    if (status == Status::kOk) {
+      out[k] = emitted;
+      p.out_num_accepted[b] = k;
+    } else {
+      for (int32_t i = 0; i <= p.max_spec_len; ++i) out[i] = -1;
+      p.out_num_accepted[b] = -1;
+    }
+    write_status(p.status, b, status);
   }
+  return status;
 }
 
 }  // namespace flashspark

@@ -73,26 +73,50 @@ def add_generate_spec_args(p) -> None:
                    help="confidence scheduler: use confidences this many steps old (engines use 2)")
 
 
+def check_generate_spec_args(args, method: str) -> None:
+    """What a speculative method adds to `flashspark.cli.check_args`, before anything loads:
+    --top-p, and --k against the drafter's block size (from its config.json)."""
+    from pathlib import Path
+
+    from .. import data
+
+    if method not in SPEC_METHODS:
+        raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
+    if args.top_p < 1.0:
+        raise ValueError("--top-p is not supported by speculative decoding (lossless for the plain "
+                         "temperature distribution only); use --method ar")
+    gamma = drafter_block_size(Path(args.drafter) if args.drafter else data.ASSETS_DIR / method)
+    if args.k is not None and gamma is not None and not 1 <= args.k <= gamma - 1:
+        raise ValueError(f"--k must be in [1, {gamma - 1}] (the {method} drafter's block size - 1), got {args.k}")
+
+
+def drafter_block_size(path) -> int | None:
+    """γ from a drafter directory's config.json, without its weights; None where it cannot be
+    read (loading the drafter then says what is wrong)."""
+    import json
+
+    try:
+        return int(json.loads((path / "config.json").read_text())["block_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def run_generate_spec(args, method: str) -> int:
     """Decode the prompts with `method` and with plain decoding, print the
     texts, then tau, tokens/s and the speedup over plain decoding (stderr)."""
     import torch
 
     from .. import data
-    from ..cli import read_prompts
+    from ..cli import load_tokenizer, read_prompts
     from ..generate import generate
     from ..models import load_model
     from .methods import MethodSpec, make_decoder
 
-    if method not in SPEC_METHODS:
-        raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
-    if args.top_p < 1.0:
-        raise ValueError("top-p is not supported by speculative decoding (lossless for the plain "
-                         "temperature distribution only); use --method ar")
+    check_generate_spec_args(args, method)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args)
-    tok = data.load_tokenizer(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     dtype = torch.float32 if args.device == "cpu" else None
     target = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
     spec = MethodSpec(method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay)

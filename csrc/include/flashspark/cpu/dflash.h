@@ -15,7 +15,11 @@ template <class T, class ParallelFor>
 void inject_context_kv_cpu(const InjectParams<T>& p, const ParallelFor& parallel_for) {
   parallel_for(0, int64_t(p.num_tokens) * p.num_kv_heads, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const InjectRow<T> row = inject_row(p, int32_t(r / p.num_kv_heads), int32_t(r % p.num_kv_heads));
+      const int32_t i = int32_t(r / p.num_kv_heads);
+      const Status st = inject_check_token(p, i);
+      if (r % p.num_kv_heads == 0) write_status(p.status, i, st);
+      if (st != Status::kOk) continue;  // a bad slot or position is never written
+      const InjectRow<T> row = inject_row(p, i, int32_t(r % p.num_kv_heads));
       float ss = 0.f;
       for (int32_t j = 0; j < p.head_dim; ++j) ss += to_float(row.k[j]) * to_float(row.k[j]);
       inject_write(p, row, rms_inv(ss, p.head_dim, p.eps), 0, 1);
@@ -24,12 +28,21 @@ void inject_context_kv_cpu(const InjectParams<T>& p, const ParallelFor& parallel
 }
 
 template <class T>
-InjectError inject_check(const InjectParams<T>& p) {
+Status inject_check(const InjectParams<T>& p) {
   for (int32_t i = 0; i < p.num_tokens; ++i) {
-    const InjectError e = inject_check_token(p, i);
-    if (e != InjectError::kOk) return e;
+    const Status e = inject_check_token(p, i);
+    if (e != Status::kOk) return e;
   }
-  return InjectError::kOk;
+  return Status::kOk;
+}
+
+template <class T>
+Status block_attn_check(const BlockAttnParams<T>& p) {
+  for (int32_t b = 0; b < p.batch; ++b) {
+    const Status e = block_attn_check_request(p, b);
+    if (e != Status::kOk) return e;
+  }
+  return Status::kOk;
 }
 
 // One split of keys [j0, j1) for all query rows of (b, h): scores, a local
@@ -39,7 +52,8 @@ InjectError inject_check(const InjectParams<T>& p) {
 template <class T>
 void block_attn_split_cpu(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t s, std::vector<float>& kt,
                           std::vector<float>& scores, std::vector<float>& acc) {
-  const int32_t D = p.head_dim, R = p.rows(), ctx = p.ctx_lens[b];
+  const int32_t D = p.head_dim, R = p.rows();
+  const int32_t ctx = block_attn_check_request(p, b) == Status::kOk ? p.ctx_lens[b] : -p.gamma;  // bad: no keys
   const int32_t j0 = s * p.split_keys, j1 = std::min(ctx + p.gamma, j0 + p.split_keys), n = j1 - j0;
   const int64_t base = block_attn_partial_index(p, b, h, 0, s);
   float* ml = p.partial_ml;
@@ -108,6 +122,7 @@ void block_diffusion_attention_cpu(const BlockAttnParams<T>& p, const ParallelFo
       block_attn_split_cpu(p, int32_t(bh / p.num_kv_heads), int32_t(bh % p.num_kv_heads), s, kt, scores, acc);
     }
   });
+  for (int32_t b = 0; b < p.batch; ++b) write_status(p.status, b, block_attn_check_request(p, b));
   parallel_for(0, int64_t(p.batch) * p.num_kv_heads * R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t t = r0; t < r1; ++t) {
       const int32_t r = int32_t(t % R);

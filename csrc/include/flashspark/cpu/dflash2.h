@@ -27,7 +27,7 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   float buf[kTopKTile];
   for (int64_t b = lo; b < hi; b += kTopKTile) {
     const int64_t n = std::min(kTopKTile, hi - b);
-    for (int64_t i = 0; i < n; ++i) buf[i] = to_float(row[b + i]);
+    for (int64_t i = 0; i < n; ++i) buf[i] = drafter_logit(to_float(row[b + i]));
     const float m = max_of(n, buf);
     if (m != kNegInf) st.softmax = softmax_merge(st.softmax, SoftmaxState{m, sum_exp_shifted(n, buf, m)});
     for (int64_t r = 0; r < n; r += kTopKRun) {
@@ -151,6 +151,12 @@ inline void two_tap_row(int32_t C, int32_t G, const float* base, const float* d,
 
 template <class T, class ParallelFor>
 void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for) {
+  const Status checked = two_tap_check_blocks(p);
+  write_status(p.status, 0, checked);
+  if (checked != Status::kOk) {
+    std::fill_n(p.out, p.rows * p.channels, from_float<T>(NAN));
+    return;
+  }
   constexpr bool kF32 = std::is_same_v<T, float>;  // fp32 rows are read and written in place (unnormalized)
   const int32_t C = p.channels, G = p.groups(), J = 2 * G;
   std::vector<float> base_buf, norm_buf;  // fp32 copies, when the operands are not fp32
@@ -286,6 +292,12 @@ void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
     PathSerialBackend<T> backend{p};
     std::vector<float> h_buf(p.g_weight && !std::is_same_v<T, float> ? size_t(4) * p.hidden_dim : 0);
     for (int64_t r = r0; r < r1; ++r) {
+      const Status st = path_check_request(p, int32_t(r));
+      write_status(p.status, r, st);
+      if (st != Status::kOk) {  // bad ids are never read
+        path_write_failed(p, int32_t(r), 0, 1);
+        continue;
+      }
       if (w_h) path_g_request(p, int32_t(r), *w_h, h_buf.data());
       path_request(p, int32_t(r), backend);
     }
@@ -293,12 +305,12 @@ void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
 }
 
 template <class T>
-PathError path_check(const PathParams<T>& p) {
+Status path_check(const PathParams<T>& p) {
   for (int32_t r = 0; r < p.requests; ++r) {
-    const PathError e = path_check_request(p, r);
-    if (e != PathError::kOk) return e;
+    const Status e = path_check_request(p, r);
+    if (e != Status::kOk) return e;
   }
-  return PathError::kOk;
+  return Status::kOk;
 }
 
 }  // namespace flashspark::cpu

@@ -18,10 +18,13 @@ template <class T, class ParallelFor>
 void markov_step_cpu(const MarkovParams<T>& p, const ParallelFor& parallel_for) {
   const int32_t B = p.batch, R = p.rank, V = p.vocab;
   const int64_t tiles = markov_num_partials_cpu(V);
+  std::vector<Status> checked(static_cast<size_t>(B));
+  for (int32_t b = 0; b < B; ++b) checked[size_t(b)] = markov_check_request(p, b);
   parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> e(size_t(B) * R), w(R);
-    for (int32_t b = 0; b < B; ++b)
-      for (int32_t i = 0; i < R; ++i) e[size_t(b) * R + i] = to_float(p.w1[int64_t(p.prev_tokens[b]) * R + i]);
+    for (int32_t b = 0; b < B; ++b)  // a failed request's previous token is never read
+      for (int32_t i = 0; i < R; ++i)
+        e[size_t(b) * R + i] = checked[size_t(b)] == Status::kOk ? to_float(p.w1[int64_t(p.prev_tokens[b]) * R + i]) : 0.f;
     std::vector<MarkovPartial> parts(B);
     for (int64_t tile = t0; tile < t1; ++tile) {
       std::fill(parts.begin(), parts.end(), markov_partial_identity());
@@ -29,41 +32,39 @@ void markov_step_cpu(const MarkovParams<T>& p, const ParallelFor& parallel_for) 
       for (int64_t v = tile * kMarkovTile; v < v1; ++v) {
         for (int32_t i = 0; i < R; ++i) w[i] = to_float(p.w2[v * R + i]);
         for (int32_t b = 0; b < B; ++b) {
-          const float z = markov_scaled_logit(p, b, int32_t(v), dot(R, e.data() + size_t(b) * R, w.data()));
+          const float z = markov_logit(p, b, int32_t(v), dot(R, e.data() + size_t(b) * R, w.data()));
           p.out_q[int64_t(b) * V + v] = z;
           markov_add(p, b, parts[b], int32_t(v), z);
         }
       }
-      for (int32_t b = 0; b < B; ++b) markov_store_partial(p.partial + (tile * B + b) * 4, parts[b]);
+      for (int32_t b = 0; b < B; ++b) markov_store_partial(p.partial + (tile * B + b) * kMarkovSlot, parts[b]);
     }
   });
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
+      const Status st = checked[size_t(b)];
+      const float inv_t = markov_inv_t(p, int32_t(b));
       MarkovPartial acc = markov_partial_identity();
       for (int64_t tile = 0; tile < tiles; ++tile)
-        acc = markov_partial_merge(acc, markov_load_partial(p.partial + (tile * B + b) * 4));
-      const int32_t token = acc.race.i < 0 ? 0 : acc.race.i;
-      p.out_tokens[b] = token;
+        acc = markov_partial_merge(acc, markov_load_partial(p.partial + (tile * B + b) * kMarkovSlot), inv_t);
+      const MarkovOutcome o = markov_outcome(p, int32_t(b), acc, st);
+      p.out_tokens[b] = o.token;
       float* q = p.out_q + b * V;
-      if (p.temperature[b] == 0.f) {
-        std::fill_n(q, V, 0.f);
-        q[token] = 1.f;
-      } else {
-        const float lse = softmax_lse(acc.softmax);
-        for (int64_t v = 0; v < V; ++v) q[v] = expf(q[v] - lse);
-      }
-      p.out_conf[b] = sigmoid(markov_conf_dot(p, int32_t(b), 0, p.hidden_size + R, 1) + p.conf_b[0]);
+      for (int64_t v = 0; v < V; ++v) q[v] = markov_q(p, int32_t(b), o, int32_t(v), q[v]);
+      p.out_conf[b] =
+          st == Status::kOk ? sigmoid(markov_conf_dot(p, int32_t(b), 0, p.hidden_size + R, 1) + p.conf_b[0]) : 0.f;
+      write_status(p.status, b, st);
     }
   });
 }
 
 template <class T>
-MarkovError markov_check(const MarkovParams<T>& p) {
+Status markov_check(const MarkovParams<T>& p) {
   for (int32_t b = 0; b < p.batch; ++b) {
-    const MarkovError e = markov_check_request(p, b);
-    if (e != MarkovError::kOk) return e;
+    const Status e = markov_check_request(p, b);
+    if (e != Status::kOk) return e;
   }
-  return MarkovError::kOk;
+  return Status::kOk;
 }
 
 }  // namespace flashspark::cpu

@@ -21,7 +21,7 @@ struct VerifyRowBackend {
         vocab, argmax_identity(),
         [&](int64_t lo, int64_t hi) {
           ArgMax a = argmax_identity();
-          for (int64_t i = lo; i < hi; ++i) argmax_add(a, to_float(row[i]), int32_t(i));
+          for (int64_t i = lo; i < hi; ++i) argmax_add(a, greedy_logit(to_float(row[i])), int32_t(i));
           return a;
         },
         ArgMaxMergeOp{}, parallel_for);
@@ -33,16 +33,21 @@ struct VerifyRowBackend {
         [&](int64_t lo, int64_t hi) {
           // Two passes over a cache-resident chunk: max, then the rescaled sum.
           float m = kNegInf;
-          for (int64_t i = lo; i < hi; ++i) m = std::max(m, to_float(row[i]) * inv_t);
-          if (m == kNegInf) return softmax_identity();
+          for (int64_t i = lo; i < hi; ++i) m = std::max(m, to_float(row[i]));
+          if (m == kNegInf) {  // all -inf, or NaN hidden among -inf: poison the state
+            for (int64_t i = lo; i < hi; ++i)
+              if (!(to_float(row[i]) == to_float(row[i]))) return SoftmaxState{NAN, NAN};
+            return softmax_identity();
+          }
+          // NaN (in a sum or as m) and +inf (inf - inf) both leave s = NaN.
           float s = 0.f;
-          for (int64_t i = lo; i < hi; ++i) s += expf(to_float(row[i]) * inv_t - m);
+          for (int64_t i = lo; i < hi; ++i) s += expf((to_float(row[i]) - m) * inv_t);
           return SoftmaxState{m, s};
         },
-        SoftmaxMergeOp{}, parallel_for);
+        SoftmaxMergeOp{inv_t}, parallel_for);
   }
 
-  RaceResult row_race(const T* row, float inv_t, float lse, const RaceQ& q, uint64_t seed, uint64_t position) const {
+  RaceResult row_race(const T* row, const RowSoftmax& sm, const RaceQ& q, uint64_t seed, uint64_t position) const {
     return chunked_reduce(
         vocab, race_identity(),
         [&](int64_t lo, int64_t hi) {
@@ -52,7 +57,7 @@ struct VerifyRowBackend {
             const int64_t n = std::min<int64_t>(4, hi - i);
             for (int64_t j = 0; j < n; ++j) {
               const int32_t x = int32_t(i + j);
-              race_add(r, q, x, to_float(row[x]) * inv_t - lse, gumbel_from_u32(lane(bits, uint32_t(j))));
+              race_add(r, q, sm, x, to_float(row[x]), gumbel_from_u32(lane(bits, uint32_t(j))));
             }
           }
           return r;
@@ -61,8 +66,10 @@ struct VerifyRowBackend {
   }
 };
 
+// Every request is checked before its rows are read (verify_check_request), so bad
+// input in one request never touches another's outputs.
 template <class T, class ParallelFor>
-void verify_cpu(const VerifyParams<T>& p, const ParallelFor& parallel_for) {
+void verify_cpu(const VerifyParams<T>& p, int32_t num_tokens, const ParallelFor& parallel_for) {
   // Requests per task: enough that a task reads at least ~1M logits in the worst case.
   const int64_t per_request = int64_t(p.vocab) * (p.max_spec_len + 1);
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(per_request, 1));
@@ -70,19 +77,19 @@ void verify_cpu(const VerifyParams<T>& p, const ParallelFor& parallel_for) {
     VerifyRowBackend<T, ParallelFor> backend{p.vocab, parallel_for};
     for (int64_t b = b0; b < b1; ++b) {
       std::fill_n(p.out_tokens + b * (p.max_spec_len + 1), p.max_spec_len + 1, -1);
-      verify_request(p, int32_t(b), backend);
+      verify_request(p, int32_t(b), verify_check_request(p, int32_t(b), num_tokens), backend);
     }
   });
 }
 
-// Host-side validation of the ragged metadata (CPU tensors only).
+// Host-side validation of every request (CPU tensors only): the first failure.
 template <class T>
-VerifyError verify_check(const VerifyParams<T>& p, int32_t num_tokens) {
+Status verify_check(const VerifyParams<T>& p, int32_t num_tokens) {
   for (int32_t b = 0; b < p.batch; ++b) {
-    const VerifyError e = verify_check_request(p, b, num_tokens);
-    if (e != VerifyError::kOk) return e;
+    const Status e = verify_check_request(p, b, num_tokens);
+    if (e != Status::kOk) return e;
   }
-  return VerifyError::kOk;
+  return Status::kOk;
 }
 
 }  // namespace flashspark::cpu

@@ -36,13 +36,6 @@ __device__ __forceinline__ bool aligned4(const T* p) {
   return (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T))) == 0;
 }
 
-// Bad input found on the device: print which, then trap. The host sees a
-// launch failure at its next synchronization; ops never synchronize to check.
-__device__ __forceinline__ void device_fail(const char* op, int code, int index) {
-  printf("flashspark.%s: invalid input (error %d) at index %d\n", op, code, index);
-  __trap();
-}
-
 }  // namespace flashspark::cuda
 
 namespace flashspark::cuda {

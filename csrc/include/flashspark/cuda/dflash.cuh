@@ -21,10 +21,10 @@ __global__ void __launch_bounds__(kInjectWarps * 32) inject_context_kv_kernel(In
   const int64_t r = int64_t(blockIdx.x) * kInjectWarps + warp;
   if (r >= int64_t(p.num_tokens) * p.num_kv_heads) return;
   const int32_t i = int32_t(r / p.num_kv_heads), h = int32_t(r % p.num_kv_heads);
-  if (lane == 0) {
-    const InjectError e = inject_check_token(p, i);
-    if (e != InjectError::kOk) device_fail("inject_context_kv", int(e), i);
-  }
+  // A bad slot or position fails this token alone (status; nothing written), never traps.
+  const Status st = inject_check_token(p, i);  // warp-uniform
+  if (lane == 0 && h == 0) write_status(p.status, i, st);
+  if (st != Status::kOk) return;
   const InjectRow<T> row = inject_row(p, i, h);
   float ss = 0.f;
   for (int32_t j = lane; j < p.head_dim; j += 32) ss += to_float(row.k[j]) * to_float(row.k[j]);
@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) block_attn_split_kernel(Block
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t b = blockIdx.z / p.num_kv_heads, h = blockIdx.z % p.num_kv_heads;
   const int32_t s = blockIdx.x, row0 = blockIdx.y * kAttnRows;
-  const int32_t ctx = p.ctx_lens[b];
-  if (threadIdx.x == 0 && (ctx < 0 || ctx > p.max_len)) device_fail("block_diffusion_attention", 1, b);
+  // A bad context length fails this request alone: no keys are read, the combine writes NaN.
+  const int32_t ctx = block_attn_check_request(p, b) == Status::kOk ? p.ctx_lens[b] : -p.gamma;
   const int32_t j0 = s * p.split_keys, j1 = min(ctx + p.gamma, j0 + p.split_keys);
 
   for (int idx = threadIdx.x; idx < kAttnRows * D; idx += blockDim.x) {
@@ -135,6 +135,8 @@ template <class T>
 __global__ void block_attn_combine_kernel(BlockAttnParams<T> p) {
   const int32_t R = p.rows();
   const int32_t r = blockIdx.x % R, bh = blockIdx.x / R;
+  if (r == 0 && bh % p.num_kv_heads == 0 && threadIdx.x == 0)
+    write_status(p.status, bh / p.num_kv_heads, block_attn_check_request(p, bh / p.num_kv_heads));
   block_attn_combine_row(p, bh / p.num_kv_heads, bh % p.num_kv_heads, r, threadIdx.x, blockDim.x);
 }
 

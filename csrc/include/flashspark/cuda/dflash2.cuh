@@ -26,6 +26,11 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams
   if (idx >= p.rows * quads) return;
   const int64_t t = idx / quads;
   const int32_t c0 = int32_t(idx % quads) * 4;
+  T* out = p.out + t * p.channels;
+  if (p.cu_blocks && p.status[0] != int32_t(Status::kOk)) {  // bad offsets: no neighbour row is read
+    for (int32_t c = c0; c < min(c0 + 4, p.channels); ++c) out[c] = from_float<T>(NAN);
+    return;
+  }
   const bool first = conv_first_in_block(p, t);
   const T* x = p.x + t * p.x_stride;
   float cur[4], left[4] = {0.f, 0.f, 0.f, 0.f};
@@ -34,7 +39,6 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams
   const int32_t G = p.groups();
   const float s = p.norm_weight ? p.row_scale_ws[t] : 1.f;
   const float s_left = p.norm_weight && !first ? p.row_scale_ws[t - 1] : 1.f;
-  T* out = p.out + t * p.channels;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int32_t c = c0 + j;
@@ -79,9 +83,22 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_delta_kernel(TwoTapParam
   if (lane == 0) p.delta_ws[t * J + i] = acc;
 }
 
+// Ragged offsets checked once, before the conv kernel reads them (the binding passes a
+// status buffer whenever cu_blocks is given).
+template <class T>
+__global__ void two_tap_check_kernel(TwoTapParams<T> p) {
+  if (threadIdx.x == 0) write_status(p.status, 0, two_tap_check_blocks(p));
+}
+
 template <class T>
 cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
   const int64_t work = p.rows * ceil_div(p.channels, 4);
+  if (p.cu_blocks) {
+    if (!p.status) return cudaErrorInvalidValue;
+    two_tap_check_kernel<T><<<1, 32, 0, stream>>>(p);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
   if (work == 0) return cudaSuccess;
   if (p.norm_weight) {
     two_tap_norm_kernel<T><<<unsigned(ceil_div(p.rows * 32, kConvThreads)), kConvThreads, 0, stream>>>(p);
@@ -157,10 +174,17 @@ struct PathBlockBackend {
 template <class T>
 __global__ void __launch_bounds__(kPathThreads) path_select_kernel(PathParams<T> p) {
   __shared__ int32_t slot;
+  __shared__ Status checked;
   const int32_t r = blockIdx.x;
+  // Bad input fails this request alone (status, -1 tokens); the kernel never traps.
   if (threadIdx.x == 0) {
-    const PathError e = path_check_request(p, r);
-    if (e != PathError::kOk) device_fail("path_select", int(e), r);
+    checked = path_check_request(p, r);
+    write_status(p.status, r, checked);
+  }
+  __syncthreads();
+  if (checked != Status::kOk) {
+    path_write_failed(p, r, threadIdx.x, blockDim.x);
+    return;
   }
   PathBlockBackend<T> backend{p, &slot};
   path_request(p, r, backend);

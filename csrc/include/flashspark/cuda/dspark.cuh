@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kMarkovWarps * 32) markov_tile_kernel(MarkovPa
       __syncthreads();
       for (int32_t idx = threadIdx.x; idx < nb * R; idx += blockDim.x) {
         const int32_t bb = idx / R, i = idx % R;
-        e_smem[idx] = to_float(p.w1[int64_t(p.prev_tokens[b0 + bb]) * R + i]);
+        const int32_t prev = p.prev_tokens[b0 + bb];  // out of range: the request fails in the combine kernel
+        e_smem[idx] = prev >= 0 && prev < p.vocab ? to_float(p.w1[int64_t(prev) * R + i]) : 0.f;
       }
       __syncthreads();
       if (v >= p.vocab) continue;
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(kMarkovWarps * 32) markov_tile_kernel(MarkovPa
         d = warp_allreduce_sum(d);
         const int32_t b = b0 + bb;
         if (lane == b % 32) {
-          const float z = markov_scaled_logit(p, b, int32_t(v), d);
+          const float z = markov_logit(p, b, int32_t(v), d);
           p.out_q[int64_t(b) * p.vocab + v] = z;
           markov_add(p, b, part[b / 32], int32_t(v), z);
         }
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kMarkovWarps * 32) markov_tile_kernel(MarkovPa
   }
   const int64_t partial_row = int64_t(blockIdx.x) * kMarkovWarps + warp;
   for (int32_t b = lane; b < B; b += 32)
-    markov_store_partial(p.partial + (partial_row * B + b) * 4, part[b / 32]);
+    markov_store_partial(p.partial + (partial_row * B + b) * kMarkovSlot, part[b / 32]);
 }
 
 constexpr int kMarkovCombineThreads = 256;
@@ -85,29 +86,30 @@ __global__ void __launch_bounds__(kMarkovCombineThreads) markov_combine_kernel(M
     typename PartReduce::TempStorage part;
     typename SumReduce::TempStorage sum;
   } temp;
-  __shared__ float lse_slot;
-  __shared__ int32_t token_slot;
+  __shared__ Status checked;
   const int32_t b = blockIdx.x;
-  if (threadIdx.x == 0) {
-    const MarkovError e = markov_check_request(p, b);
-    if (e != MarkovError::kOk) device_fail("markov_step", int(e), b);
-  }
+  // Bad input fails this request alone (status, token -1, q 0); the kernel never traps.
+  if (threadIdx.x == 0) checked = markov_check_request(p, b);
+  const float inv_t = markov_inv_t(p, b);
   MarkovPartial acc = markov_partial_identity();
   for (int32_t i = threadIdx.x; i < p.num_partials; i += blockDim.x)
-    acc = markov_partial_merge(acc, markov_load_partial(p.partial + (int64_t(i) * p.batch + b) * 4));
-  acc = PartReduce(temp.part).Reduce(acc, MarkovMergeOp{});
+    acc = markov_partial_merge(acc, markov_load_partial(p.partial + (int64_t(i) * p.batch + b) * kMarkovSlot), inv_t);
+  acc = PartReduce(temp.part).Reduce(acc, MarkovMergeOp{inv_t});
+  __syncthreads();  // `checked` is visible, and the scratch is free for the next reduction
+  const Status st = checked;
+  const float conf = st == Status::kOk ? SumReduce(temp.sum).Sum(markov_conf_dot(
+                                             p, b, int32_t(threadIdx.x), p.hidden_size + p.rank, int32_t(blockDim.x)))
+                                       : 0.f;
   if (threadIdx.x == 0) {
-    token_slot = acc.race.i < 0 ? 0 : acc.race.i;
-    lse_slot = softmax_lse(acc.softmax);
-    p.out_tokens[b] = token_slot;
-  }
-  __syncthreads();
-  const float conf = SumReduce(temp.sum).Sum(
-      markov_conf_dot(p, b, int32_t(threadIdx.x), p.hidden_size + p.rank, int32_t(blockDim.x)));
-  if (threadIdx.x == 0) p.out_conf[b] = sigmoid(conf + p.conf_b[0]);
-  if (threadIdx.x == 0) {
-    p.row_stats[2 * b] = lse_slot;
-    p.row_stats[2 * b + 1] = bits_to_float(uint32_t(token_slot));
+    const MarkovOutcome o = markov_outcome(p, b, acc, st);
+    p.out_tokens[b] = o.token;
+    p.out_conf[b] = st == Status::kOk ? sigmoid(conf + p.conf_b[0]) : 0.f;
+    float* stats = p.row_stats + int64_t(b) * kMarkovRowStats;
+    stats[0] = o.m;
+    stats[1] = o.log_s;
+    stats[2] = bits_to_float(uint32_t(o.token));
+    stats[3] = bits_to_float(uint32_t(o.mode));
+    write_status(p.status, b, st);
   }
 }
 
@@ -116,9 +118,9 @@ __global__ void markov_normalize_kernel(MarkovParams<T> p) {
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= int64_t(p.batch) * p.vocab) return;
   const int32_t b = int32_t(idx / p.vocab), v = int32_t(idx % p.vocab);
-  const float lse = p.row_stats[2 * b];
-  const int32_t token = int32_t(float_to_bits(p.row_stats[2 * b + 1]));
-  p.out_q[idx] = p.temperature[b] == 0.f ? (v == token ? 1.f : 0.f) : expf(p.out_q[idx] - lse);
+  const float* stats = p.row_stats + int64_t(b) * kMarkovRowStats;
+  const MarkovOutcome o{int32_t(float_to_bits(stats[2])), MarkovQ(int32_t(float_to_bits(stats[3]))), stats[0], stats[1]};
+  p.out_q[idx] = markov_q(p, b, o, v, p.out_q[idx]);
 }
 
 template <class T>
@@ -126,6 +128,11 @@ cudaError_t launch_markov_step(const MarkovParams<T>& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   if (p.rank > 32 * kMarkovMaxRankPerLane || p.batch > 32 * kMarkovMaxSlots) return cudaErrorInvalidValue;
   const size_t smem = sizeof(float) * kMarkovBatchChunk * p.rank;
+  if (smem > 48 * 1024) {  // rank > 384: above the default dynamic shared-memory limit
+    const cudaError_t e =
+        cudaFuncSetAttribute(markov_tile_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
   markov_tile_kernel<T><<<unsigned(markov_num_blocks_cuda(p.vocab)), kMarkovWarps * 32, smem, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;

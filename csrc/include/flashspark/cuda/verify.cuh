@@ -51,7 +51,7 @@ struct VerifyBlockBackend {
       load4(row, base, vocab, vec_ok, v);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (base + j < vocab) argmax_add(a, v[j], int32_t(base + j));
+        if (base + j < vocab) argmax_add(a, greedy_logit(v[j]), int32_t(base + j));
     }
     return broadcast(sh.argmax, ArgMaxReduce(sh.reduce.argmax).Reduce(a, ArgMaxMergeOp{}));
   }
@@ -63,12 +63,12 @@ struct VerifyBlockBackend {
       float v[4];
       load4(row, base, vocab, vec_ok, v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) softmax_add(st, v[j] * inv_t);
+      for (int j = 0; j < 4; ++j) softmax_add(st, v[j], inv_t);
     }
-    return broadcast(sh.softmax, SoftmaxReduce(sh.reduce.softmax).Reduce(st, SoftmaxMergeOp{}));
+    return broadcast(sh.softmax, SoftmaxReduce(sh.reduce.softmax).Reduce(st, SoftmaxMergeOp{inv_t}));
   }
 
-  __device__ RaceResult row_race(const T* row, float inv_t, float lse, const RaceQ& q, uint64_t seed,
+  __device__ RaceResult row_race(const T* row, const RowSoftmax& sm, const RaceQ& q, uint64_t seed,
                                  uint64_t position) const {
     const bool vec_ok = aligned4(row);
     RaceResult r = race_identity();
@@ -79,7 +79,7 @@ struct VerifyBlockBackend {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if (base + j < vocab)
-          race_add(r, q, int32_t(base + j), v[j] * inv_t - lse, gumbel_from_u32(lane(bits, uint32_t(j))));
+          race_add(r, q, sm, int32_t(base + j), v[j], gumbel_from_u32(lane(bits, uint32_t(j))));
     }
     return broadcast(sh.race, RaceReduce(sh.reduce.race).Reduce(r, RaceMergeOp{}));
   }
@@ -89,16 +89,15 @@ template <class T, int kThreads>
 __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams<T> p, int32_t num_tokens) {
   using Backend = VerifyBlockBackend<T, kThreads>;
   __shared__ typename Backend::Shared shared;
+  __shared__ Status checked;
   const int32_t b = blockIdx.x;
-  if (threadIdx.x == 0) {
-    const VerifyError e = verify_check_request(p, b, num_tokens);
-    if (e != VerifyError::kOk) device_fail("verify", int(e), b);
-  }
+  // Bad input fails this request alone (status, -1 outputs); the kernel never traps.
+  if (threadIdx.x == 0) checked = verify_check_request(p, b, num_tokens);
   int32_t* out = p.out_tokens + int64_t(b) * (p.max_spec_len + 1);
   for (int32_t i = threadIdx.x; i <= p.max_spec_len; i += kThreads) out[i] = -1;
   __syncthreads();
   Backend backend{shared, p.vocab};
-  verify_request(p, b, backend);
+  verify_request(p, b, checked, backend);
 }
 
 constexpr int kVerifyThreads = 512;
