@@ -2,9 +2,10 @@
 # One script for a machine with an NVIDIA GPU (H200 class) whose python3
 # already holds a CUDA build of torch, pytest and ninja: build the extension
 # with CUDA and the torch-free kernels with CMake, run the CUDA tests, run the
-# kernel benchmarks, and write every result into DIR (six files: summary.txt
+# kernel benchmarks, and write every result into DIR (seven files: summary.txt
 # with hardware, step statuses and benchmark tables; build.log; pytest_cuda.log;
-# kernel_bench_cuda.txt; verify_bench_cuda.json; drafter_ops_bench_cuda.json).
+# sanitizer_bad_input.log; kernel_bench_cuda.txt; verify_bench_cuda.json;
+# drafter_ops_bench_cuda.json).
 # Downloads nothing. Budget: under 8 minutes.
 #   bash bench/gpu_check.sh DIR
 set -uo pipefail
@@ -31,6 +32,15 @@ log "cmake build + ctest exit $?"
 log "CUDA tests (every op test parametrized on cuda)"
 timeout 200 $PY -m pytest -q tests -k cuda -p no:cacheprovider > "$OUT_DIR/pytest_cuda.log" 2>&1
 log "pytest exit $? ($(tail -1 "$OUT_DIR/pytest_cuda.log"))"
+
+log "bad-input CUDA tests under compute-sanitizer memcheck (failed requests must read nothing out of bounds)"
+if command -v compute-sanitizer > /dev/null; then
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $PY -m pytest -q tests/test_bad_input.py -k cuda \
+    -p no:cacheprovider > "$OUT_DIR/sanitizer_bad_input.log" 2>&1
+  log "compute-sanitizer exit $? ($(grep -c 'Invalid' "$OUT_DIR/sanitizer_bad_input.log") invalid accesses)"
+else
+  log "compute-sanitizer not found: skipped"
+fi
 
 log "raw CUDA verify kernel (µs, GB/s, fraction of 4.8 TB/s)"
 timeout 90 ./build/cmake/flashspark_bench_cuda > "$OUT_DIR/kernel_bench_cuda.txt" 2>&1

@@ -4,7 +4,6 @@ import hashlib
 
 import numpy as np
 import pytest
-import torch
 
 from flashspark import data
 

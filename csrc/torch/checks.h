@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -101,7 +102,7 @@ inline void check_writable(const at::Tensor& out, const char* out_name, const Na
   TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, "flashspark.", op, ": argument '", out_name,
               "' is written in place and must not have overlapping elements (e.g. an expanded view)");
   for (const auto& [t, name] : others) {
-    if (!t.defined() || name == out_name) continue;
+    if (!t.defined() || std::strcmp(name, out_name) == 0) continue;
     TORCH_CHECK(!shares_memory(out, t), "flashspark.", op, ": argument '",
                 out_name, "' is written in place and must not share memory with argument '", name, "'");
   }

@@ -155,6 +155,7 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
   check_size(k_norm_weight, 0, d, op, "k_norm_weight", "head_dim");
   check_size(cos_sin_cache, 1, d, op, "cos_sin_cache", "head_dim");
   check_dtype(cos_sin_cache, at::kFloat, op, "cos_sin_cache");
+  check_float_dtype(k_norm_weight, op, "k_norm_weight");
   TORCH_CHECK(d > 0, "flashspark.", op, ": argument 'k_cache' must have head_dim >= 2, got ", d);
   check_fits_int32(n, op, "k", "N");
   check_fits_int32(k_cache.size(0), op, "k_cache", "B");

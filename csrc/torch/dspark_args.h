@@ -52,7 +52,9 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
   check_size(hidden, 0, a.batch, op, "hidden", "B");
   check_size(conf_w, 0, a.hidden_size + a.rank, op, "conf_w", "H + r");
   check_device(conf_b, base_logits, op, "conf_b");
-  TORCH_CHECK(conf_b.numel() == 1, "flashspark.markov_step: argument 'conf_b' must hold one value, got ", conf_b.sizes());
+  check_float_dtype(conf_b, op, "conf_b");
+  TORCH_CHECK(conf_b.numel() == 1 && conf_b.dim() <= 1, "flashspark.markov_step: argument 'conf_b' must have shape [1], got ",
+              conf_b.sizes());
   if (bias.has_value()) {
     check_device(*bias, base_logits, op, "bias");
     check_dtype(*bias, base_logits.scalar_type(), op, "bias");

@@ -78,6 +78,26 @@ def _to_int(t) -> int:
     return int(t.item()) if isinstance(t, torch.Tensor) else int(t)
 
 
+# Below this temperature a request is greedy (the kernels' kGreedyTemperature).
+GREEDY_TEMPERATURE = 1e-5
+FLOAT_MAX = torch.finfo(torch.float32).max
+
+
+def drafter_logits(x: torch.Tensor) -> torch.Tensor:
+    """How the drafter-side ops read logits and scores: NaN as -inf, +inf as the
+    largest finite float (the kernels' drafter_logit)."""
+    x = x.float()
+    return torch.where(torch.isnan(x), float("-inf"), x).clamp(max=FLOAT_MAX)
+
+
+def log_softmax_shifted(rows: torch.Tensor, temp: float) -> torch.Tensor:
+    """log softmax(rows / temp) computed as (x - max) / temp, as the kernels do, so
+    that finite logits never overflow at small temperatures."""
+    inv_t = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(temp, dtype=torch.float32)  # fp32, as the kernels
+    shifted = (rows - rows.max(dim=-1, keepdim=True).values) * inv_t
+    return torch.log_softmax(shifted, dim=-1)
+
+
 def verify_reference(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -105,7 +125,7 @@ def verify_reference(
         rows = logits[lo + b: hi + b + 1]
         temp = float(temperature[b])
         seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
-        if temp == 0.0:
+        if temp < GREEDY_TEMPERATURE:
             target = rows.argmax(dim=-1)  # first maximum on ties
             k = 0
             while k < n and int(target[k]) == int(tokens[lo + k]):
@@ -114,7 +134,7 @@ def verify_reference(
             out[b, k] = int(target[k])
             num_accepted[b] = k
             continue
-        logp = torch.log_softmax(rows * (1.0 / temp), dim=-1)
+        logp = log_softmax_shifted(rows, temp)
         emitted = None
         k = 0
         for k in range(n):
@@ -127,8 +147,7 @@ def verify_reference(
             else:
                 ids = draft_probs_ids[lo + k].detach().long().cpu()
                 probs = draft_probs[lo + k].detach().float().cpu()
-                for j in reversed(range(ids.numel())):  # first listed entry wins, as in the kernel
-                    q[ids[j]] = probs[j]
+                q.index_add_(0, ids, probs)  # an id listed twice counts with the sum of its probabilities
             p_x = logp[k, x].exp()
             u = uniform_open01(philox_u32(seed, offset + k, PURPOSE_ACCEPT, 0))
             if u * q[x] < p_x:
@@ -275,7 +294,7 @@ def topk_select_reference(logits, k):
     """Oracle of :func:`flashspark.ops.topk_select`: the k largest logits per row
     (descending, ties to the lower id) as fp32, their int32 ids, and the row's
     log-sum-exp."""
-    lf = logits.float()
+    lf = drafter_logits(logits)
     values, ids = torch.sort(lf, dim=-1, descending=True, stable=True)  # stable: lower id first on ties
     return values[..., :k].contiguous(), ids[..., :k].to(torch.int32).contiguous(), torch.logsumexp(lf, dim=-1)
 
@@ -301,8 +320,9 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
         cid, un, gr = cand_ids[r].cpu(), unary[r].cpu(), g[r].cpu()
         anchor_r = anchor[r: r + 1].cpu()
         if mode == "backtrack":
-            lattice = [path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr,
-                                                  anchor_r if t == 0 else cid[t - 1], t) for t in range(positions)]
+            lattice = [drafter_logits(path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr,
+                                                                 anchor_r if t == 0 else cid[t - 1], t))
+                       for t in range(positions)]
             best = lattice[0][0].clone()
             back = []
             for t in range(1, positions):
@@ -323,10 +343,10 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
         prev = anchor_r
         temp = float(temperature[r])
         for t in range(positions):
-            row = path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr, prev, t)[0]
+            row = drafter_logits(path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr, prev, t)[0])
             scores[r, t] = row
-            if mode == "sample" and temp > 0:
-                logp = torch.log_softmax(row * (1.0 / temp), dim=-1)
+            if mode == "sample" and temp >= GREEDY_TEMPERATURE and bool(torch.isfinite(row).any()):
+                logp = log_softmax_shifted(row, temp)
                 q[r, t] = logp.exp()
                 noise = gumbel(philox_u32(_to_int(seeds[r]), _to_int(offsets[r]) + t, PURPOSE_PATH, torch.arange(k)))
                 c = int((logp + noise).argmax())
@@ -352,18 +372,20 @@ def markov_step_reference(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w
     logits = base_logits.float() + e @ w2.float().T          # [B, V]
     if bias is not None:
         logits = logits + bias.float()
+    logits = drafter_logits(logits)
     tokens = torch.empty(batch, dtype=torch.int32)
     q = torch.zeros(batch, vocab)
     for b in range(batch):
         t = float(temperature[b])
-        if t == 0.0:
-            c = int(logits[b].argmax())
+        z = logits[b].cpu()
+        if t < GREEDY_TEMPERATURE or not bool(torch.isfinite(z).any()):
+            c = int(z.argmax())  # all -inf: token 0
             q[b, c] = 1.0
         else:
-            z = logits[b].cpu() * (1.0 / t)
-            q[b] = torch.softmax(z, dim=-1)
+            q[b] = log_softmax_shifted(z, t).exp()
+            # The race key z / T + g in fp64, as the kernel compares it across tiles.
             noise = gumbel(philox_u32(_to_int(seeds[b]), _to_int(positions[b]), PURPOSE_DRAFT, torch.arange(vocab)))
-            c = int((z + noise).argmax())
+            c = int((z.double() / t + noise.double()).argmax())
         tokens[b] = c
     feats = torch.cat([hidden.float(), e], dim=-1)
     conf = torch.sigmoid(feats @ conf_w.float() + conf_b.float().reshape(()))
