@@ -385,7 +385,7 @@ def markov_step_reference(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w
             q[b] = log_softmax_shifted(z, t).exp()
             # The race key z / T + g in fp64, as the kernel compares it across tiles.
             noise = gumbel(philox_u32(_to_int(seeds[b]), _to_int(positions[b]), PURPOSE_DRAFT, torch.arange(vocab)))
-            c = int((z.double() / t + noise.double()).argmax())
+            c = int((z.double() * (1.0 / t) + noise.double()).argmax())
         tokens[b] = c
     feats = torch.cat([hidden.float(), e], dim=-1)
     conf = torch.sigmoid(feats @ conf_w.float() + conf_b.float().reshape(()))

@@ -59,15 +59,19 @@ FS_HOST_DEVICE Status markov_check_request(const MarkovParams<T>& p, int32_t b) 
   return Status::kOk;
 }
 
-// Request b samples at 1 / T, or greedily below the temperature floor.
-template <class T>
-FS_HOST_DEVICE bool markov_greedy(const MarkovParams<T>& p, int32_t b) {
-  return !(p.temperature[b] >= kGreedyTemperature);
-}
+// How request b samples: at 1 / T, or greedily below the temperature floor (computed
+// once per request; inv_t64 = 1 / T in fp64 scales the race key).
+struct MarkovScale {
+  bool greedy;
+  float inv_t;
+  double inv_t64;
+};
 
 template <class T>
-FS_HOST_DEVICE float markov_inv_t(const MarkovParams<T>& p, int32_t b) {
-  return markov_greedy(p, b) ? 1.f : 1.f / p.temperature[b];
+FS_HOST_DEVICE MarkovScale markov_scale(const MarkovParams<T>& p, int32_t b) {
+  const float t = p.temperature[b];
+  if (!(t >= kGreedyTemperature)) return MarkovScale{true, 1.f, 1.0};
+  return MarkovScale{false, 1.f / t, 1.0 / double(t)};
 }
 
 // Per-(tile, request) partial: softmax over the logits (in logit units, at 1 / T) and
@@ -95,15 +99,15 @@ struct MarkovMergeOp {
 
 // Adds vocabulary entry v with logit z (as drafter_logit reads it) for request b.
 template <class T>
-FS_HOST_DEVICE void markov_add(const MarkovParams<T>& p, int32_t b, MarkovPartial& part, int32_t v, float z) {
+FS_HOST_DEVICE void markov_add(const MarkovParams<T>& p, int32_t b, const MarkovScale& sc, MarkovPartial& part,
+                               int32_t v, float z) {
   if (z == kNegInf) return;
-  const bool greedy = markov_greedy(p, b);
-  softmax_add(part.softmax, z, markov_inv_t(p, b));
+  softmax_add(part.softmax, z, sc.inv_t);
   const double key =
-      greedy ? double(z)
-             : double(z) / double(p.temperature[b]) +
-                   double(gumbel_from_u32(philox_u32(uint64_t(p.seeds[b]), uint64_t(p.positions[b]), kPurposeDraft,
-                                                     uint32_t(v))));
+      sc.greedy ? double(z)
+                : double(z) * sc.inv_t64 +
+                      double(gumbel_from_u32(philox_u32(uint64_t(p.seeds[b]), uint64_t(p.positions[b]), kPurposeDraft,
+                                                        uint32_t(v))));
   argmax_add(part.race, key, v);
 }
 
@@ -141,20 +145,18 @@ struct MarkovOutcome {
   float m, log_s;
 };
 
-template <class T>
-FS_HOST_DEVICE MarkovOutcome markov_outcome(const MarkovParams<T>& p, int32_t b, const MarkovPartial& acc, Status st) {
+FS_HOST_DEVICE MarkovOutcome markov_outcome(const MarkovScale& sc, const MarkovPartial& acc, Status st) {
   if (st != Status::kOk) return MarkovOutcome{-1, MarkovQ::kFailed, 0.f, 0.f};
   const int32_t token = acc.race.i < 0 ? 0 : acc.race.i;
-  if (markov_greedy(p, b) || !softmax_valid(acc.softmax)) return MarkovOutcome{token, MarkovQ::kOneHot, 0.f, 0.f};
+  if (sc.greedy || !softmax_valid(acc.softmax)) return MarkovOutcome{token, MarkovQ::kOneHot, 0.f, 0.f};
   return MarkovOutcome{token, MarkovQ::kSoftmax, acc.softmax.m, logf(acc.softmax.s)};
 }
 
 // q[v] of an outcome, from the logit z stored in out_q.
-template <class T>
-FS_HOST_DEVICE float markov_q(const MarkovParams<T>& p, int32_t b, const MarkovOutcome& o, int32_t v, float z) {
+FS_HOST_DEVICE float markov_q(const MarkovOutcome& o, float inv_t, int32_t v, float z) {
   if (o.mode == MarkovQ::kFailed) return 0.f;
   if (o.mode == MarkovQ::kOneHot) return v == o.token ? 1.f : 0.f;
-  return expf((z - o.m) * markov_inv_t(p, b) - o.log_s);
+  return expf((z - o.m) * inv_t - o.log_s);
 }
 
 // Confidence head: sigmoid(<w_c, [h_b ; W1[x_{k-1}]]> + b_c), partial dot over [lo, hi).

@@ -27,9 +27,16 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
   float buf[kTopKTile];
   for (int64_t b = lo; b < hi; b += kTopKTile) {
     const int64_t n = std::min(kTopKTile, hi - b);
-    for (int64_t i = 0; i < n; ++i) buf[i] = drafter_logit(to_float(row[b + i]));
-    const float m = max_of(n, buf);
-    if (m != kNegInf) st.softmax = softmax_merge(st.softmax, SoftmaxState{m, sum_exp_shifted(n, buf, m)});
+    for (int64_t i = 0; i < n; ++i) buf[i] = to_float(row[b + i]);
+    float m = max_of(n, buf);  // ignores NaN
+    float s = m == kNegInf ? 0.f : sum_exp_shifted(n, buf, m);
+    if (!(m < kPosInf) || !(s == s) || (m == kNegInf && any_nan(n, buf))) {
+      // rare: NaN (the sum is NaN) or +inf; read them as drafter_logit does
+      for (int64_t i = 0; i < n; ++i) buf[i] = drafter_logit(buf[i]);
+      m = max_of(n, buf);
+      s = m == kNegInf ? 0.f : sum_exp_shifted(n, buf, m);
+    }
+    if (m != kNegInf) st.softmax = softmax_merge(st.softmax, SoftmaxState{m, s});
     for (int64_t r = 0; r < n; r += kTopKRun) {
       const int64_t e = std::min(n, r + kTopKRun);
       if (st.top.i[k - 1] >= 0 && max_of(e - r, buf + r) <= st.top.v[k - 1]) continue;
@@ -38,24 +45,6 @@ TopKState topk_chunk(const T* row, int64_t lo, int64_t hi, int32_t k) {
     }
   }
   return st;
-}
-
-// n values of src as fp32: src itself when T is fp32 (read in place), else converted into dst.
-template <class T>
-const float* as_f32(const T* src, size_t n, float* dst) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
-    return dst;
-  }
-}
-
-// as_f32 into a buffer sized here (left empty for fp32).
-template <class T>
-const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
-  if constexpr (!std::is_same_v<T, float>) buf.resize(n);
-  return as_f32(src, n, buf.data());
 }
 
 // y[t, j] = sum_c x[t, c] * W[j, c] for a small W [J, C] (the conv's taps from delta_weight,

@@ -6,6 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "flashspark/common.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -99,6 +103,39 @@ FS_CPU_CLONES static float max_of(int64_t n, const float* __restrict x) {
   return m;
 }
 
+// n values of src as fp32: src itself when T is fp32 (read in place), else converted into dst.
+template <class T>
+const float* as_f32(const T* src, size_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    return dst;
+  }
+}
+
+// as_f32 into a buffer sized here (left empty for fp32).
+template <class T>
+const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
+  if constexpr (!std::is_same_v<T, float>) buf.resize(n);
+  return as_f32(src, n, buf.data());
+}
+
+// Whether any x[i] is NaN.
+FS_CPU_CLONES static bool any_nan(int64_t n, const float* __restrict x) {
+  int bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) bad |= !(x[i] == x[i]);
+  return bad != 0;
+}
+
+// The first i with x[i] == v (n when there is none).
+static inline int64_t first_equal(int64_t n, const float* x, float v) {
+  int64_t i = 0;
+  while (i < n && !(x[i] == v)) ++i;
+  return i;
+}
+
 // exp(x) for x <= 0 (the terms of a max-shifted softmax sum), in plain arithmetic so
 // that simd loops vectorize it (the C library's expf is a call): Cody-Waite range
 // reduction by ln 2 and a degree-6 polynomial (the Cephes expf coefficients), within
@@ -129,6 +166,15 @@ FS_CPU_CLONES static float sum_exp_shifted(int64_t n, const float* __restrict x,
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += exp_nonpositive(x[i] - m);
+  return s;
+}
+
+// sum_i exp((x[i] - m) * inv_t) for m >= max_i x[i] and inv_t > 0: a softmax at 1 / inv_t
+// kept in logit units, as SoftmaxState.
+FS_CPU_CLONES static float sum_exp_scaled(int64_t n, const float* __restrict x, float m, float inv_t) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += exp_nonpositive((x[i] - m) * inv_t);
   return s;
 }
 

@@ -5,9 +5,13 @@
 #include <algorithm>
 
 #include "flashspark/cpu/reduce.h"
+#include "flashspark/cpu/vec.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::cpu {
+
+// Rows are reduced in tiles that stay in L1 (fp32 rows in place, 16-bit rows converted).
+constexpr int64_t kVerifyTile = 1024;
 
 template <class T, class ParallelFor>
 struct VerifyRowBackend {
@@ -20,8 +24,17 @@ struct VerifyRowBackend {
     return chunked_reduce(
         vocab, argmax_identity(),
         [&](int64_t lo, int64_t hi) {
+          // Per tile: a vectorized max and NaN test, then the first index of the max (a
+          // later tile replaces it only when strictly larger: ties go to the lowest id).
+          float buf[kVerifyTile];
           ArgMax a = argmax_identity();
-          for (int64_t i = lo; i < hi; ++i) argmax_add(a, greedy_logit(to_float(row[i])), int32_t(i));
+          for (int64_t b = lo; b < hi; b += kVerifyTile) {
+            const int64_t n = std::min(kVerifyTile, hi - b);
+            const float* x = as_f32(row + b, size_t(n), buf);
+            if (any_nan(n, x)) return ArgMax{kPosInf, int32_t(b)};  // greedy_logit: NaN reads as +inf
+            const float m = max_of(n, x);
+            if (a.i < 0 || m > a.v) a = ArgMax{m, int32_t(b + first_equal(n, x, m))};
+          }
           return a;
         },
         ArgMaxMergeOp{}, parallel_for);
@@ -31,18 +44,19 @@ struct VerifyRowBackend {
     return chunked_reduce(
         vocab, softmax_identity(),
         [&](int64_t lo, int64_t hi) {
-          // Two passes over a cache-resident chunk: max, then the rescaled sum.
-          float m = kNegInf;
-          for (int64_t i = lo; i < hi; ++i) m = std::max(m, to_float(row[i]));
-          if (m == kNegInf) {  // all -inf, or NaN hidden among -inf: poison the state
-            for (int64_t i = lo; i < hi; ++i)
-              if (!(to_float(row[i]) == to_float(row[i]))) return SoftmaxState{NAN, NAN};
-            return softmax_identity();
+          // Per tile: a vectorized max, NaN test and rescaled sum, merged like any two states.
+          float buf[kVerifyTile];
+          SoftmaxState st = softmax_identity();
+          for (int64_t b = lo; b < hi; b += kVerifyTile) {
+            const int64_t n = std::min(kVerifyTile, hi - b);
+            const float* x = as_f32(row + b, size_t(n), buf);
+            if (any_nan(n, x)) return SoftmaxState{NAN, NAN};  // poisoned, whatever else the row holds
+            const float m = max_of(n, x);
+            if (m == kNegInf) continue;  // all -inf: no mass
+            // +inf leaves s = NaN (inf - inf), which softmax_valid rejects.
+            st = softmax_merge(st, SoftmaxState{m, sum_exp_scaled(n, x, m, inv_t)}, inv_t);
           }
-          // NaN (in a sum or as m) and +inf (inf - inf) both leave s = NaN.
-          float s = 0.f;
-          for (int64_t i = lo; i < hi; ++i) s += expf((to_float(row[i]) - m) * inv_t);
-          return SoftmaxState{m, s};
+          return st;
         },
         SoftmaxMergeOp{inv_t}, parallel_for);
   }

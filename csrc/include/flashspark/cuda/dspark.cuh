@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kMarkovWarps * 32) markov_tile_kernel(MarkovPa
         if (lane == b % 32) {
           const float z = markov_logit(p, b, int32_t(v), d);
           p.out_q[int64_t(b) * p.vocab + v] = z;
-          markov_add(p, b, part[b / 32], int32_t(v), z);
+          markov_add(p, b, markov_scale(p, b), part[b / 32], int32_t(v), z);
         }
       }
     }
@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kMarkovCombineThreads) markov_combine_kernel(M
   const int32_t b = blockIdx.x;
   // Bad input fails this request alone (status, token -1, q 0); the kernel never traps.
   if (threadIdx.x == 0) checked = markov_check_request(p, b);
-  const float inv_t = markov_inv_t(p, b);
+  const MarkovScale sc = markov_scale(p, b);
+  const float inv_t = sc.inv_t;
   MarkovPartial acc = markov_partial_identity();
   for (int32_t i = threadIdx.x; i < p.num_partials; i += blockDim.x)
     acc = markov_partial_merge(acc, markov_load_partial(p.partial + (int64_t(i) * p.batch + b) * kMarkovSlot), inv_t);
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kMarkovCombineThreads) markov_combine_kernel(M
                                              p, b, int32_t(threadIdx.x), p.hidden_size + p.rank, int32_t(blockDim.x)))
                                        : 0.f;
   if (threadIdx.x == 0) {
-    const MarkovOutcome o = markov_outcome(p, b, acc, st);
+    const MarkovOutcome o = markov_outcome(sc, acc, st);
     p.out_tokens[b] = o.token;
     p.out_conf[b] = st == Status::kOk ? sigmoid(conf + p.conf_b[0]) : 0.f;
     float* stats = p.row_stats + int64_t(b) * kMarkovRowStats;
@@ -120,7 +121,7 @@ __global__ void markov_normalize_kernel(MarkovParams<T> p) {
   const int32_t b = int32_t(idx / p.vocab), v = int32_t(idx % p.vocab);
   const float* stats = p.row_stats + int64_t(b) * kMarkovRowStats;
   const MarkovOutcome o{int32_t(float_to_bits(stats[2])), MarkovQ(int32_t(float_to_bits(stats[3]))), stats[0], stats[1]};
-  p.out_q[idx] = markov_q(p, b, o, v, p.out_q[idx]);
+  p.out_q[idx] = markov_q(o, markov_scale(p, b).inv_t, v, p.out_q[idx]);
 }
 
 template <class T>
