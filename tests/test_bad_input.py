@@ -430,6 +430,29 @@ def test_aliased_outputs_are_rejected(device):
         flashspark.verify(logits, drafts, cu32, **kw, status=cu32[1:])
 
 
+def test_interleaved_cache_views_are_accepted(device):
+    # K and V as two interleaved slices of one [B, 2, Hkv, S, D] buffer share a storage but
+    # no element: the overlap check must let them through.
+    k, v, pos, slots, w, cs, kc, vc = inject_inputs(5, 2, 2, 8, 4, torch.float32, device)
+    kv = torch.zeros(2, 2, 2, 4, 8, device=device)
+    ops.inject_context_kv(k, v, pos, slots, w, cs, 1e-6, kv[:, 0], kv[:, 1])
+    ops.inject_context_kv(k, v, pos, slots, w, cs, 1e-6, kc, vc)
+    assert torch.equal(kv[:, 0], kc) and torch.equal(kv[:, 1], vc)
+
+
+def test_the_floor_itself_samples(device):
+    # The fp32 value of 1e-5 is the floor: it samples, in the kernels and the reference alike.
+    logits, drafts, cu, kw = make_case([3] * 32, 11, q_mode="dense", temperature=1.0, device=device)
+    logits = logits * 1e-5  # at T = 1e-5 these logits give a spread-out p
+    kw["temperature"] = torch.full((32,), ops.GREEDY_TEMPERATURE, device=device)
+    assert float(kw["temperature"][0]) == ops.GREEDY_TEMPERATURE
+    got = flashspark.verify(logits, drafts, cu, **kw)
+    want = verify_reference(logits, drafts, cu, **kw)
+    greedy = flashspark.verify(logits, drafts, cu, **{**kw, "temperature": torch.zeros(32, device=device)})
+    assert torch.equal(got[0].cpu(), want[0].cpu()) and torch.equal(got[1].cpu(), want[1].cpu())
+    assert not torch.equal(got[0], greedy[0]), "sampled, not greedy"
+
+
 @pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf")])
 def test_bad_eps_and_scale_are_rejected(device, bad):
     k, v, pos, slots, w, cs, kc, vc = inject_inputs(3, 2, 1, 8, 4, torch.float32, device)

@@ -76,7 +76,9 @@ inline void check_finite_scalar(double v, bool nonnegative, const char* op, cons
               nonnegative ? "finite and >= 0" : "finite", ", got ", v);
 }
 
-// Whether two tensors' memory ranges intersect (conservative for interleaved views).
+// Whether two tensors provably share memory: their memory ranges intersect and ATen's
+// overlap analysis finds them the same or overlapping. Interleaved strided views it cannot
+// decide (e.g. k_cache = kv[:, 0], v_cache = kv[:, 1]) are let through.
 inline bool shares_memory(const at::Tensor& a, const at::Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   if (!a.storage().is_alias_of(b.storage())) return false;
@@ -91,7 +93,9 @@ inline bool shares_memory(const at::Tensor& a, const at::Tensor& b) {
   };
   const auto [a0, a1] = range(a);
   const auto [b0, b1] = range(b);
-  return a0 < b1 && b0 < a1;
+  if (!(a0 < b1 && b0 < a1)) return false;
+  const at::MemOverlapStatus s = at::get_overlap_status(a, b);
+  return s == at::MemOverlapStatus::Full || s == at::MemOverlapStatus::Partial;
 }
 
 // A tensor the op writes must not overlap itself (an expanded view), nor any input or

@@ -157,6 +157,8 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
   check_dtype(cos_sin_cache, at::kFloat, op, "cos_sin_cache");
   check_float_dtype(k_norm_weight, op, "k_norm_weight");
   TORCH_CHECK(d > 0, "flashspark.", op, ": argument 'k_cache' must have head_dim >= 2, got ", d);
+  TORCH_CHECK(hkv > 0, "flashspark.", op, ": argument 'k_cache' must have at least one KV head, got shape ",
+              k_cache.sizes());
   check_fits_int32(n, op, "k", "N");
   check_fits_int32(k_cache.size(0), op, "k_cache", "B");
   check_fits_int32(k_cache.size(2), op, "k_cache", "S_max");

@@ -51,6 +51,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
   a.cu_num_draft = as_int32(cu_num_draft, "cu_num_draft");
   TORCH_CHECK(cu_num_draft.numel() >= 1, "flashspark.verify: argument 'cu_num_draft' must have B+1 >= 1 entries");
   check_fits_int32(draft_tokens.numel(), "verify", "draft_tokens", "T");
+  check_fits_int32(cu_num_draft.numel() - 1, "verify", "cu_num_draft", "B");
   a.batch = int32_t(cu_num_draft.numel() - 1);
   a.num_tokens = int32_t(draft_tokens.numel());
   a.vocab = int32_t(a.logits.size(1));

@@ -27,8 +27,9 @@ __all__ = [
     "path_select", "markov_step", "raise_on_status", "GREEDY_TEMPERATURE", "MAX_SPEC_LEN",
 ]
 
-# Below this temperature a request samples greedily (vLLM's floor); the kernels' kGreedyTemperature.
-GREEDY_TEMPERATURE = 1e-5
+# Below this temperature a request samples greedily (vLLM's floor): the kernels' kGreedyTemperature,
+# the fp32 value of 1e-5, which itself samples.
+GREEDY_TEMPERATURE = float(torch.tensor(1e-5, dtype=torch.float32))
 # The bound on verify's max_spec_len (the kernels' kMaxSpecLen).
 MAX_SPEC_LEN = 4096
 

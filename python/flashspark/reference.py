@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from flashspark.ops import GREEDY_TEMPERATURE
+
 # Purposes of draws; must match enum Purpose in philox.h.
 PURPOSE_ACCEPT = 1
 PURPOSE_RESAMPLE = 2
@@ -78,8 +80,6 @@ def _to_int(t) -> int:
     return int(t.item()) if isinstance(t, torch.Tensor) else int(t)
 
 
-# Below this temperature a request is greedy (the kernels' kGreedyTemperature).
-GREEDY_TEMPERATURE = 1e-5
 FLOAT_MAX = torch.finfo(torch.float32).max
 
 
@@ -328,6 +328,7 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
             for t in range(1, positions):
                 total = best[:, None] + lattice[t]  # [a, b]
                 best, arg = total.max(dim=0)  # ties: the lowest a
+                best = drafter_logits(best)  # sums past the largest float stay finite, as in the kernel
                 back.append(arg)
             c = int(best.argmax())
             path = [c]

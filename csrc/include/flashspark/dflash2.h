@@ -340,7 +340,8 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
       be.pair_scores(base + t, prev, t == 0 ? 1 : K, lattice + int64_t(t) * K * K);
     }
     if (be.leader()) {
-      for (int64_t i = 0; i < int64_t(P) * K * K; ++i) lattice[i] = drafter_logit(lattice[i]);
+      for (int32_t j = 0; j < K; ++j) lattice[j] = drafter_logit(lattice[j]);  // t = 0: one predecessor
+      for (int64_t i = int64_t(K) * K; i < int64_t(P) * K * K; ++i) lattice[i] = drafter_logit(lattice[i]);
       float* best = p.best + base * K;
       int32_t* bp = p.backptr + base * K;
       for (int32_t b = 0; b < K; ++b) {
@@ -351,7 +352,7 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
         for (int32_t b = 0; b < K; ++b) {
           ArgMax am = argmax_identity();
           for (int32_t a = 0; a < K; ++a) argmax_add(am, best[(t - 1) * K + a] + lattice[(int64_t(t) * K + a) * K + b], a);
-          best[t * K + b] = am.i < 0 ? kNegInf : am.v;
+          best[t * K + b] = am.i < 0 ? kNegInf : drafter_logit(am.v);  // sums past FLT_MAX stay finite
           bp[t * K + b] = am.i < 0 ? 0 : am.i;
         }
       ArgMax last = argmax_identity();

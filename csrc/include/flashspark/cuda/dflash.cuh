@@ -153,9 +153,20 @@ cudaError_t launch_block_attn_split(const BlockAttnParams<T>& p, cudaStream_t st
   return cudaGetLastError();
 }
 
+// With no query rows there is nothing to attend, but each request's status is still written.
+template <class T>
+__global__ void block_attn_status_kernel(BlockAttnParams<T> p) {
+  const int32_t b = int32_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < p.batch) write_status(p.status, b, block_attn_check_request(p, b));
+}
+
 template <class T>
 cudaError_t launch_block_diffusion_attention(const BlockAttnParams<T>& p, cudaStream_t stream) {
-  if (p.batch == 0 || p.rows() == 0) return cudaSuccess;
+  if (p.batch == 0) return cudaSuccess;
+  if (p.rows() == 0) {
+    if (p.status) block_attn_status_kernel<T><<<unsigned(ceil_div(p.batch, 256)), 256, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   cudaError_t e;
   if (p.head_dim <= 32) e = launch_block_attn_split<T, 1>(p, stream);
   else if (p.head_dim <= 64) e = launch_block_attn_split<T, 2>(p, stream);

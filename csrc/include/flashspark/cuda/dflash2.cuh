@@ -93,8 +93,8 @@ __global__ void two_tap_check_kernel(TwoTapParams<T> p) {
 template <class T>
 cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
   const int64_t work = p.rows * ceil_div(p.channels, 4);
-  if (p.cu_blocks) {
-    if (!p.status) return cudaErrorInvalidValue;
+  if (p.cu_blocks && !p.status) return cudaErrorInvalidValue;
+  if (p.status) {  // written on every call that asks, as on the CPU
     two_tap_check_kernel<T><<<1, 32, 0, stream>>>(p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
@@ -205,9 +205,9 @@ __global__ void __launch_bounds__(kPathThreads) path_g_kernel(PathParams<T> p) {
 
 template <class T>
 cudaError_t launch_path_select(const PathParams<T>& p, cudaStream_t stream) {
-  if (p.requests == 0 || p.positions == 0) return cudaSuccess;
-  if (p.g_weight) {
-    const int64_t warps = int64_t(p.requests) * p.positions * p.rank;
+  if (p.requests == 0) return cudaSuccess;  // with P == 0 the kernel still checks and writes each status
+  const int64_t warps = int64_t(p.requests) * p.positions * p.rank;
+  if (p.g_weight && warps > 0) {
     path_g_kernel<T><<<unsigned(ceil_div(warps * 32, kPathThreads)), kPathThreads, 0, stream>>>(p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
