@@ -175,12 +175,12 @@ struct CpuStatus {
   }
 };
 
-// Eager checks on the CPU when the caller asked for no status: raise before any write.
-// check() returns the first failure of the inputs.
+// Eager checks on the CPU when the caller asked for no status: raise, before any write,
+// for the first of n items that check(i) fails.
 template <class Check>
-void raise_before_launch(const CpuStatus& st, const Check& check, const char* op) {
+void raise_before_launch(const CpuStatus& st, int64_t n, const Check& check, const char* op) {
   if (!st.raise) return;
-  const Status s = check();
+  const Status s = first_failure(n, check);
   TORCH_CHECK(s == Status::kOk, "flashspark.", op, ": ", status_message(s));
 }
 

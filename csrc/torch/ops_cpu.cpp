@@ -40,7 +40,8 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
                      a.batch);
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st.ptr);
-    raise_before_launch(st, [&] { return cpu::verify_check(p, a.num_tokens); }, "verify");
+    raise_before_launch(st, a.batch, [&](int64_t b) { return verify_check_request(p, int32_t(b), a.num_tokens); },
+                        "verify");
     cpu::verify_cpu(p, a.num_tokens, AtenParallelFor{});
   });
   st.raise_if_failed("verify");  // what only the walk sees: non-finite logits, bad dense q
@@ -57,7 +58,7 @@ at::Tensor block_diffusion_attention_cpu(const at::Tensor& q, const at::Tensor& 
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), [&]<class T>() {
     const BlockAttnParams<T> p = make_block_attn_params<T>(a, scale, out, workspace, st.ptr);
-    raise_before_launch(st, [&] { return cpu::block_attn_check(p); }, op);
+    raise_before_launch(st, a.batch, [&](int64_t b) { return block_attn_check_request(p, int32_t(b)); }, op);
     cpu::block_diffusion_attention_cpu(p, AtenParallelFor{});
   });
   return out;
@@ -72,7 +73,7 @@ void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::T
   const CpuStatus st(status_ptr(status, k.size(0), k_cache, a.all, op), k.size(0));
   dispatch_float(k_cache.scalar_type(), [&]<class T>() {
     const InjectParams<T> p = make_inject_params<T>(a, eps, k_cache, v_cache, st.ptr);
-    raise_before_launch(st, [&] { return cpu::inject_check(p); }, op);
+    raise_before_launch(st, p.num_tokens, [&](int64_t i) { return inject_check_token(p, int32_t(i)); }, op);
     cpu::inject_context_kv_cpu(p, AtenParallelFor{});
   });
 }
@@ -88,7 +89,7 @@ at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const s
   at::Tensor out = at::empty(x.sizes(), x.options());
   dispatch_float(x.scalar_type(), [&]<class T>() {
     const TwoTapParams<T> p = make_two_tap_params<T>(a, out, st.ptr);
-    raise_before_launch(st, [&] { return two_tap_check_blocks(p); }, op);
+    raise_before_launch(st, 1, [&](int64_t) { return two_tap_check_blocks(p); }, op);
     cpu::two_tap_conv_cpu(p, AtenParallelFor{});
   });
   return out;
@@ -117,7 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
   PathOutputs o = empty_path_outputs(a);
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {
     const PathParams<T> p = make_path_params<T>(a, o, st.ptr);
-    raise_before_launch(st, [&] { return cpu::path_check(p); }, op);
+    raise_before_launch(st, a.requests, [&](int64_t r) { return path_check_request(p, int32_t(r)); }, op);
     cpu::path_select_cpu(p, AtenParallelFor{});
   });
   return {o.tokens, o.choice, o.scores, o.q};
@@ -135,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cpu(
   MarkovOutputs o;
   dispatch_float(base_logits.scalar_type(), [&]<class T>() {
     const MarkovParams<T> p = make_markov_params<T>(a, cpu::markov_num_partials_cpu(a.vocab), o, st.ptr);
-    raise_before_launch(st, [&] { return cpu::markov_check(p); }, op);
+    raise_before_launch(st, a.batch, [&](int64_t b) { return markov_check_request(p, int32_t(b)); }, op);
     cpu::markov_step_cpu(p, AtenParallelFor{});
   });
   return {o.tokens, o.q, o.conf};

@@ -66,12 +66,13 @@ static void test_verify_greedy() {
   p.batch = 2;
   p.vocab = V;
   p.max_spec_len = 2;
-  EXPECT(cpu::verify_check(p, 3) == Status::kOk);
+  const auto check = [&](int64_t b) { return verify_check_request(p, int32_t(b), 3); };
+  EXPECT(first_failure(2, check) == Status::kOk);
   cpu::verify_cpu(p, 3, cpu::OpenMPParallelFor{});
   EXPECT(acc[0] == 2 && out[0] == 1 && out[1] == 3 && out[2] == 0);
   EXPECT(acc[1] == 0 && out[3] == 2 && out[4] == -1 && out[5] == -1);
   drafts[2] = 7;  // out of range: request 1 fails alone, request 0 is unaffected
-  EXPECT(cpu::verify_check(p, 3) == Status::kDraftTokenRange);
+  EXPECT(first_failure(2, check) == Status::kDraftTokenRange);
   std::vector<int32_t> status(2, -7);
   p.status = status.data();
   cpu::verify_cpu(p, 3, cpu::OpenMPParallelFor{});

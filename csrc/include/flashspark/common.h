@@ -157,6 +157,16 @@ FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {
   if (status) status[i] = int32_t(s);
 }
 
+// The first failed item of n, by an item check (host-side, CPU tensors): kOk if none.
+template <class Check>
+inline Status first_failure(int64_t n, const Check& check) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Status s = check(i);
+    if (s != Status::kOk) return s;
+  }
+  return Status::kOk;
+}
+
 // Below this temperature a request samples greedily (vLLM's floor): 1 / T then never
 // exceeds 1e5, and temperatures whose reciprocal overflows cannot reach a kernel.
 constexpr float kGreedyTemperature = 1e-5f;

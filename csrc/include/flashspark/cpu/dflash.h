@@ -27,24 +27,6 @@ void inject_context_kv_cpu(const InjectParams<T>& p, const ParallelFor& parallel
   });
 }
 
-template <class T>
-Status inject_check(const InjectParams<T>& p) {
-  for (int32_t i = 0; i < p.num_tokens; ++i) {
-    const Status e = inject_check_token(p, i);
-    if (e != Status::kOk) return e;
-  }
-  return Status::kOk;
-}
-
-template <class T>
-Status block_attn_check(const BlockAttnParams<T>& p) {
-  for (int32_t b = 0; b < p.batch; ++b) {
-    const Status e = block_attn_check_request(p, b);
-    if (e != Status::kOk) return e;
-  }
-  return Status::kOk;
-}
-
 // One split of keys [j0, j1) for all query rows of (b, h): scores, a local
 // softmax, and the unnormalized P.V, written as a partial (m, l, acc). Both
 // products are written as axpy loops over contiguous memory (K transposed into

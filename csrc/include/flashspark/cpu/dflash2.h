@@ -293,13 +293,4 @@ void path_select_cpu(const PathParams<T>& p, const ParallelFor& parallel_for) {
   });
 }
 
-template <class T>
-Status path_check(const PathParams<T>& p) {
-  for (int32_t r = 0; r < p.requests; ++r) {
-    const Status e = path_check_request(p, r);
-    if (e != Status::kOk) return e;
-  }
-  return Status::kOk;
-}
-
 }  // namespace flashspark::cpu

@@ -62,13 +62,4 @@ void markov_step_cpu(const MarkovParams<T>& p, const ParallelFor& parallel_for) 
   });
 }
 
-template <class T>
-Status markov_check(const MarkovParams<T>& p) {
-  for (int32_t b = 0; b < p.batch; ++b) {
-    const Status e = markov_check_request(p, b);
-    if (e != Status::kOk) return e;
-  }
-  return Status::kOk;
-}
-
 }  // namespace flashspark::cpu

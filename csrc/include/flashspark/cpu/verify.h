@@ -96,14 +96,4 @@ void verify_cpu(const VerifyParams<T>& p, int32_t num_tokens, const ParallelFor&
   });
 }
 
-// Host-side validation of every request (CPU tensors only): the first failure.
-template <class T>
-Status verify_check(const VerifyParams<T>& p, int32_t num_tokens) {
-  for (int32_t b = 0; b < p.batch; ++b) {
-    const Status e = verify_check_request(p, b, num_tokens);
-    if (e != Status::kOk) return e;
-  }
-  return Status::kOk;
-}
-
 }  // namespace flashspark::cpu
