@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from flashspark import data
 from flashspark.generate import generate
 from flashspark.models import load_model
@@ -42,27 +41,45 @@ def run(args) -> dict:
             _, st = generate(model, prompts[:c], max_new_tokens=args.max_new_tokens)
             if best is None or st["seconds"] < best["seconds"]:
                 best = st
-        row = {"concurrency": c, "tokens_per_s": best["tokens_per_s"],
-               "decode_tokens_per_s": best["decode_tokens_per_s"],
-               "per_request_tokens_per_s": best["tokens_per_s"] / c,
-               "ms_per_step": 1e3 * best["decode_seconds"] / max(1, best["forwards"] - 1),
-               "prefill_s": best["prefill_seconds"], "seconds": best["seconds"], "new_tokens": best["new_tokens"]}
+        row = {
+            "concurrency": c,
+            "tokens_per_s": best["tokens_per_s"],
+            "decode_tokens_per_s": best["decode_tokens_per_s"],
+            "per_request_tokens_per_s": best["tokens_per_s"] / c,
+            "ms_per_step": 1e3 * best["decode_seconds"] / max(1, best["forwards"] - 1),
+            "prefill_s": best["prefill_seconds"],
+            "seconds": best["seconds"],
+            "new_tokens": best["new_tokens"],
+        }
         rows.append(row)
-        print(f"{c:>11} {row['tokens_per_s']:>10.1f} {row['per_request_tokens_per_s']:>12.1f} "
-              f"{row['ms_per_step']:>11.2f} {row['prefill_s']:>10.3f}", flush=True)
+        print(
+            f"{c:>11} {row['tokens_per_s']:>10.1f} {row['per_request_tokens_per_s']:>12.1f} "
+            f"{row['ms_per_step']:>11.2f} {row['prefill_s']:>10.3f}",
+            flush=True,
+        )
     hw = hardware_string()
     if device.type == "cuda":
         hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
     return {
-        "benchmark": "ar", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "benchmark": "ar",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "command": "python bench/ar_bench.py " + shlex.join(sys.argv[1:]),
         # Other work on the machine skews CPU numbers; record how busy it was.
-        "loadavg_at_start": list(os.getloadavg()), "note": args.note,
-        "model": str(args.model or "shipped target"), "params": model.num_parameters(),
-        "task": args.task, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
-        "decoding": "greedy, no early stop", "repeats": args.repeats, "results": rows,
+        "loadavg_at_start": list(os.getloadavg()),
+        "note": args.note,
+        "model": str(args.model or "shipped target"),
+        "params": model.num_parameters(),
+        "task": args.task,
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "decoding": "greedy, no early stop",
+        "repeats": args.repeats,
+        "results": rows,
     }
 
 

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from flashspark import data
 from flashspark.models import load_model
 from flashspark.spec.calibration import calibration_report, plot_reliability
@@ -57,12 +56,17 @@ def main(argv=None) -> int:
         return 2
     tok = data.load_tokenizer()
     prompts = [q for task in data.TASKS for q in data.heldout_prompts(task, args.prompts, args.prompt_tokens, tok)]
-    result = {"benchmark": "calibration",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "hardware": hardware_string(), "command": "python bench/calibration_bench.py " + shlex.join(
-                  sys.argv[1:] if argv is None else argv),
-              "prompts": len(prompts), "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
-              "prompt_set": "heldout (code and prose)", "temperatures": {}}
+    result = {
+        "benchmark": "calibration",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hardware_string(),
+        "command": "python bench/calibration_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "prompts": len(prompts),
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_set": "heldout (code and prose)",
+        "temperatures": {},
+    }
     print(f"{'T':>4} {'confidence source':>34} {'ECE(prod c)':>12} {'AUC':>6} {'observations':>13}")
     for t in args.temperatures:
         rec_s = collect_records(dspark, prompts, args.max_new_tokens, t, args.batch_size)
@@ -70,8 +74,9 @@ def main(argv=None) -> int:
         proxy = load_proxy(dflash2_dir, t)  # as shipped: the offline fit, no online updates here
         outcome = (rec_2["num_accepted"], rec_2["num_verified"])
         reports = {
-            "DSpark head (calibrated)": calibration_report(rec_s["confidence"], rec_s["num_accepted"],
-                                                           rec_s["num_verified"]),
+            "DSpark head (calibrated)": calibration_report(
+                rec_s["confidence"], rec_s["num_accepted"], rec_s["num_verified"]
+            ),
             "DFlash 2 proxy": calibration_report(proxy(rec_2["signals"]), *outcome),
             "DFlash 2 raw selector prob": calibration_report(rec_2["signals"][..., 0], *outcome),
         }

@@ -23,16 +23,25 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import e2e_bench
+import torch
 from flashspark import data
 from flashspark.spec.methods import DRAFTERS, parse_method
 from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMBO = "dflash2:sched=confidence"
-METHODS = ["ar", "dflash", "dflash:k=3", "dflash2:k=2", "dflash2:k=4", "dflash2", "dspark", "dspark:sched=confidence", COMBO]
+METHODS = [
+    "ar",
+    "dflash",
+    "dflash:k=3",
+    "dflash2:k=2",
+    "dflash2:k=4",
+    "dflash2",
+    "dspark",
+    "dspark:sched=confidence",
+    COMBO,
+]
 
 
 def label(method: str, gamma: int) -> str:
@@ -56,29 +65,48 @@ def verdict(rows: list[dict], noise: float) -> dict:
     for (task, t, c), m in sorted(cells.items()):
         combo = m[COMBO]["tokens_per_s"]
         best_name, best = max(((k, v["tokens_per_s"]) for k, v in m.items() if k != COMBO), key=lambda x: x[1])
-        out.append({"task": task, "temperature": t, "concurrency": c, "combo_speedup": m[COMBO]["speedup"],
-                    "best_other": best_name, "best_other_speedup": m[best_name]["speedup"],
-                    "combo_vs_best": combo / best, "at_or_above_all": combo >= best * (1 - noise),
-                    "above_plain": m[COMBO]["speedup"] > 1.0})
+        out.append(
+            {
+                "task": task,
+                "temperature": t,
+                "concurrency": c,
+                "combo_speedup": m[COMBO]["speedup"],
+                "best_other": best_name,
+                "best_other_speedup": m[best_name]["speedup"],
+                "combo_vs_best": combo / best,
+                "at_or_above_all": combo >= best * (1 - noise),
+                "above_plain": m[COMBO]["speedup"] > 1.0,
+            }
+        )
     return {"noise": noise, "cells": out, "bar_met": all(v["at_or_above_all"] and v["above_plain"] for v in out)}
 
 
 def markdown(result: dict, gamma: int) -> str:
-    lines = [f"# Combination benchmark ({result['date']})", "",
-             f"`{result['command']}` on {result['hardware']}, {result['threads']} threads; "
-             f"{result['max_new_tokens']} new tokens per request, {result['prompt_tokens']}-token prompts, "
-             f"best of {result['repeats']}.", "",
-             "Tokens/s relative to plain decoding (τ in brackets); **bold**: the best method of the cell.", ""]
+    lines = [
+        f"# Combination benchmark ({result['date']})",
+        "",
+        f"`{result['command']}` on {result['hardware']}, {result['threads']} threads; "
+        f"{result['max_new_tokens']} new tokens per request, {result['prompt_tokens']}-token prompts, "
+        f"best of {result['repeats']}.",
+        "",
+        "Tokens/s relative to plain decoding (τ in brackets); **bold**: the best method of the cell.",
+        "",
+    ]
     rows = result["results"]
     for task in result["tasks"]:
         for t in result["temperatures"]:
             sub = [r for r in rows if r["task"] == task and r["temperature"] == t]
             concs = sorted({r["concurrency"] for r in sub})
-            lines += [f"## {task}, temperature {t:g}", "",
-                      "| method | " + " | ".join(f"c={c}" for c in concs) + " |",
-                      "|---|" + "---:|" * len(concs)]
-            best = {c: max((r for r in sub if r["concurrency"] == c), key=lambda r: r["tokens_per_s"])["method"]
-                    for c in concs}
+            lines += [
+                f"## {task}, temperature {t:g}",
+                "",
+                "| method | " + " | ".join(f"c={c}" for c in concs) + " |",
+                "|---|" + "---:|" * len(concs),
+            ]
+            best = {
+                c: max((r for r in sub if r["concurrency"] == c), key=lambda r: r["tokens_per_s"])["method"]
+                for c in concs
+            }
             for m in result["methods"]:
                 cells = []
                 for c in concs:
@@ -87,17 +115,29 @@ def markdown(result: dict, gamma: int) -> str:
                     cells.append(f"**{txt}**" if best[c] == m else txt)
                 lines.append(f"| {label(m, gamma)} | " + " | ".join(cells) + " |")
             wasted = [r for r in sub if r["method"] in (COMBO, "dflash2")]
-            lines += ["", "Drafts verified per step / fraction wasted: " + "; ".join(
-                f"{label(r['method'], gamma)} c={r['concurrency']}: {r['verified_per_step']:.2f} / "
-                f"{r['wasted_fraction']:.2f}" for r in wasted), ""]
+            lines += [
+                "",
+                "Drafts verified per step / fraction wasted: "
+                + "; ".join(
+                    f"{label(r['method'], gamma)} c={r['concurrency']}: {r['verified_per_step']:.2f} / "
+                    f"{r['wasted_fraction']:.2f}"
+                    for r in wasted
+                ),
+                "",
+            ]
     v = result["verdict"]
-    lines += [f"Bar (combination at or above every method within {v['noise']:.0%}, and above 1.0x, "
-              f"in every cell): **{'met' if v['bar_met'] else 'not met'}**.", ""]
+    lines += [
+        f"Bar (combination at or above every method within {v['noise']:.0%}, and above 1.0x, "
+        f"in every cell): **{'met' if v['bar_met'] else 'not met'}**.",
+        "",
+    ]
     misses = [c for c in v["cells"] if not (c["at_or_above_all"] and c["above_plain"])]
     for c in misses:
-        lines.append(f"- {c['task']}, T={c['temperature']:g}, c={c['concurrency']}: combination "
-                     f"{c['combo_speedup']:.2f}x, best other {label(c['best_other'], gamma)} "
-                     f"{c['best_other_speedup']:.2f}x")
+        lines.append(
+            f"- {c['task']}, T={c['temperature']:g}, c={c['concurrency']}: combination "
+            f"{c['combo_speedup']:.2f}x, best other {label(c['best_other'], gamma)} "
+            f"{c['best_other_speedup']:.2f}x"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -111,13 +151,20 @@ def plot(result: dict, task: str, path: Path, gamma: int) -> None:
     fig, axes = plt.subplots(1, len(temps), figsize=(6.2 * len(temps), 4.4), squeeze=False)
     for ax, t in zip(axes[0], temps):
         for m in result["methods"]:
-            pts = sorted((r["concurrency"], r["speedup"]) for r in result["results"]
-                         if r["task"] == task and r["temperature"] == t and r["method"] == m)
+            pts = sorted(
+                (r["concurrency"], r["speedup"])
+                for r in result["results"]
+                if r["task"] == task and r["temperature"] == t and r["method"] == m
+            )
             style = dict(linewidth=2.6, color="black") if m == COMBO else dict(linewidth=1.3)
             ax.plot(*zip(*pts), marker="o", label=label(m, gamma), **style)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        e2e_bench.style_concurrency_axes(ax, [r["concurrency"] for r in result["results"]],
-                                         "tokens/s relative to plain decoding", f"{task}, temperature {t:g}")
+        e2e_bench.style_concurrency_axes(
+            ax,
+            [r["concurrency"] for r in result["results"]],
+            "tokens/s relative to plain decoding",
+            f"{task}, temperature {t:g}",
+        )
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"flashspark combination benchmark ({result['device']}, {result['threads']} threads)")
     fig.tight_layout()
@@ -134,10 +181,18 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
-    p.add_argument("--min-prompts", type=int, default=16,
-                   help="prompts per row at least, in batches of c (default %(default)s; the same prompts in every row)")
-    p.add_argument("--noise", type=float, default=0.03,
-                   help="relative tolerance of 'at or above' (default %(default)s; compare with the rows' spread)")
+    p.add_argument(
+        "--min-prompts",
+        type=int,
+        default=16,
+        help="prompts per row at least, in batches of c (default %(default)s; the same prompts in every row)",
+    )
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.03,
+        help="relative tolerance of 'at or above' (default %(default)s; compare with the rows' spread)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", default=None)
@@ -170,13 +225,23 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda"):
         hw = f"{torch.cuda.get_device_name(args.device)}; host {hw}"
     result = {
-        "benchmark": "combo", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw, "device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "benchmark": "combo",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw,
+        "device": args.device,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "command": "python bench/combo_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "minutes": (time.time() - t0) / 60, "tasks": args.tasks, "temperatures": args.temperatures,
-        "methods": list(methods), "labels": {m: label(m, gamma) for m in methods},
-        "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-        "min_prompts": args.min_prompts, "results": rows,
+        "minutes": (time.time() - t0) / 60,
+        "tasks": args.tasks,
+        "temperatures": args.temperatures,
+        "methods": list(methods),
+        "labels": {m: label(m, gamma) for m in methods},
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "min_prompts": args.min_prompts,
+        "results": rows,
     }
     result["verdict"] = verdict(rows, args.noise)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,8 +253,10 @@ def main(argv=None) -> int:
         png = out.with_name(f"{out.stem}_{task}.png")
         plot(result, task, png, gamma)
         pngs.append(png.name)
-    print(f"\nbar {'met' if result['verdict']['bar_met'] else 'NOT met'}; wrote {out}, {md.name}, {', '.join(pngs)} "
-          f"({result['minutes']:.1f} min)")
+    print(
+        f"\nbar {'met' if result['verdict']['bar_met'] else 'NOT met'}; wrote {out}, {md.name}, {', '.join(pngs)} "
+        f"({result['minutes']:.1f} min)"
+    )
     return 0
 
 

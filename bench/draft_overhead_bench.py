@@ -26,7 +26,6 @@ import os
 import statistics
 
 import torch
-
 from flashspark.models import dflash2 as dflash2_model
 from flashspark.models.io import load_model
 from flashspark.models.qwen3 import RMSNorm
@@ -56,8 +55,9 @@ def primed_cache(drafter, batch: int, context: int, seed: int):
     """A drafter cache holding `context` injected positions per request (random features)."""
     g = torch.Generator().manual_seed(seed)
     cache = drafter.new_cache(batch, context + 2 * drafter.block_size)
-    features = torch.randn(batch * context, len(drafter.config.target_layer_ids), drafter.config.hidden_size,
-                           generator=g)
+    features = torch.randn(
+        batch * context, len(drafter.config.target_layer_ids), drafter.config.hidden_size, generator=g
+    )
     drafter.inject(cache, features, torch.arange(context).repeat(batch), torch.arange(batch).repeat_interleave(context))
     return cache
 
@@ -75,8 +75,12 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
     def backbone():  # DFlash's draft (head, argmax at temperature 0) on DFlash 2's backbone
         return draft_dflash_block(dflash2, cache2, anchor, lens, temperature, seeds, offsets)
 
-    variants = {"dflash2": (pass_of(dflash2, cache2), False), "no-convs": (pass_of(dflash2, cache2), True),
-                "backbone": (backbone, True), "dflash": (pass_of(dflash, cache1), False)}
+    variants = {
+        "dflash2": (pass_of(dflash2, cache2), False),
+        "no-convs": (pass_of(dflash2, cache2), True),
+        "backbone": (backbone, True),
+        "dflash": (pass_of(dflash, cache1), False),
+    }
     times = {k: [] for k in variants}
     cpu = torch.device("cpu")
     for fn, identity in variants.values():  # warm every variant before the first round
@@ -87,7 +91,7 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
     for r in range(rounds):
         # The variant order rotates per round: the first passes after a switch run with
         # another drafter's weights in the caches, and no variant should always pay that.
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             fn, identity = variants[name]
             with convs_as_identity() if identity else contextlib.nullcontext():
                 times[name].append(median_time(fn, repeats, cpu))
@@ -99,11 +103,15 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
         return statistics.median((x - y) / z for x, y, z in zip(times[a], times[b], times["backbone"]))
 
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-    return dict(batch=batch, context=context, ms=ms,
-                dflash2_over_backbone=paired("dflash2", "backbone"),
-                convs_over_backbone=share("dflash2", "no-convs"),
-                selector_over_backbone=share("no-convs", "backbone"),
-                dflash2_over_dflash=paired("dflash2", "dflash"))
+    return dict(
+        batch=batch,
+        context=context,
+        ms=ms,
+        dflash2_over_backbone=paired("dflash2", "backbone"),
+        convs_over_backbone=share("dflash2", "no-convs"),
+        selector_over_backbone=share("no-convs", "backbone"),
+        dflash2_over_dflash=paired("dflash2", "dflash"),
+    )
 
 
 def main(argv=None):
@@ -121,10 +129,14 @@ def main(argv=None):
     target = load_model(dtype=torch.float32).eval()
     dflash2 = load_method_drafter("dflash2", target)
     dflash = load_method_drafter("dflash", target)
-    print(f"DFlash 2 drafting pass vs its backbone (median ms; ratios: median of per-round ratios), "
-          f"context {args.context}, {torch.get_num_threads()} threads")
-    head = (f"{'batch':>5} | {'dflash2':>8} {'no-convs':>8} {'backbone':>8} {'dflash':>8} | "
-            f"{'d2/backbone':>11} {'convs':>7} {'selector':>8} | {'d2/dflash':>9}")
+    print(
+        f"DFlash 2 drafting pass vs its backbone (median ms; ratios: median of per-round ratios), "
+        f"context {args.context}, {torch.get_num_threads()} threads"
+    )
+    head = (
+        f"{'batch':>5} | {'dflash2':>8} {'no-convs':>8} {'backbone':>8} {'dflash':>8} | "
+        f"{'d2/backbone':>11} {'convs':>7} {'selector':>8} | {'d2/dflash':>9}"
+    )
     print(head)
     print("-" * len(head))
     rows = []
@@ -133,9 +145,12 @@ def main(argv=None):
             r = bench_batch(dflash2, dflash, batch, args.context, args.rounds, args.repeats)
             rows.append(r)
             m = r["ms"]
-            print(f"{batch:>5} | {m['dflash2']:>8.3f} {m['no-convs']:>8.3f} {m['backbone']:>8.3f} {m['dflash']:>8.3f} | "
-                  f"{r['dflash2_over_backbone']:>10.3f}x {100 * r['convs_over_backbone']:>+6.1f}% "
-                  f"{100 * r['selector_over_backbone']:>+7.1f}% | {r['dflash2_over_dflash']:>8.3f}x", flush=True)
+            print(
+                f"{batch:>5} | {m['dflash2']:>8.3f} {m['no-convs']:>8.3f} {m['backbone']:>8.3f} {m['dflash']:>8.3f} | "
+                f"{r['dflash2_over_backbone']:>10.3f}x {100 * r['convs_over_backbone']:>+6.1f}% "
+                f"{100 * r['selector_over_backbone']:>+7.1f}% | {r['dflash2_over_dflash']:>8.3f}x",
+                flush=True,
+            )
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "draft_overhead_bench.json")
     write_result("draft_overhead", "bench/draft_overhead_bench.py", argv, torch.device("cpu"), rows, out)
 

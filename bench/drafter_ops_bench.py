@@ -22,10 +22,9 @@ from __future__ import annotations
 import argparse
 import os
 
+import flashspark
 import torch
 import torch.nn.functional as F
-
-import flashspark
 from flashspark.reference import (
     block_diffusion_attention_reference,
     inject_context_kv_reference,
@@ -46,8 +45,11 @@ def unfused_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
     for b, n in enumerate(lens):
         keys = torch.cat([k_cache[b, :, :n], k_block[b].transpose(0, 1)], dim=1)
         vals = torch.cat([v_cache[b, :, :n], v_block[b].transpose(0, 1)], dim=1)
-        outs.append(F.scaled_dot_product_attention(q[b].transpose(0, 1)[None], keys[None], vals[None], scale=scale,
-                                                   enable_gqa=True)[0].transpose(0, 1))
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[b].transpose(0, 1)[None], keys[None], vals[None], scale=scale, enable_gqa=True
+            )[0].transpose(0, 1)
+        )
     return torch.stack(outs)
 
 
@@ -69,21 +71,46 @@ def bench_attention(batch, ctx, gamma, hq, hkv, dim, dtype, device, repeats):
     def rnd(*s):
         return torch.randn(*s, generator=g).to(dtype).to(device)
 
-    args = (rnd(batch, gamma, hq, dim), rnd(batch, hkv, max_len, dim), rnd(batch, hkv, max_len, dim),
-            torch.full((batch,), ctx, dtype=torch.int32, device=device), rnd(batch, gamma, hkv, dim),
-            rnd(batch, gamma, hkv, dim))
-    scale = dim ** -0.5
+    args = (
+        rnd(batch, gamma, hq, dim),
+        rnd(batch, hkv, max_len, dim),
+        rnd(batch, hkv, max_len, dim),
+        torch.full((batch,), ctx, dtype=torch.int32, device=device),
+        rnd(batch, gamma, hkv, dim),
+        rnd(batch, gamma, hkv, dim),
+    )
+    scale = dim**-0.5
     t_op = median_time(lambda: flashspark.ops.block_diffusion_attention(*args, scale), repeats, device)
     t_unfused = median_time(lambda: unfused_attention(*args, scale), repeats, device)
     t_ref = median_time(lambda: block_diffusion_attention_reference(*args, scale), max(1, repeats // 4), device)
-    err = (flashspark.ops.block_diffusion_attention(*args, scale).float()
-           - block_diffusion_attention_reference(*args, scale).float()).abs().max().item()
+    err = (
+        (
+            flashspark.ops.block_diffusion_attention(*args, scale).float()
+            - block_diffusion_attention_reference(*args, scale).float()
+        )
+        .abs()
+        .max()
+        .item()
+    )
     elem = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = elem * (2 * batch * hkv * (ctx + gamma) * dim + 2 * batch * gamma * hq * dim)
-    return dict(op="block_diffusion_attention", batch=batch, ctx=ctx, gamma=gamma, hq=hq, hkv=hkv, dim=dim,
-                dtype=str(dtype).replace("torch.", ""), op_ms=t_op * 1e3, unfused_ms=t_unfused * 1e3,
-                ref_ms=t_ref * 1e3, unfused_over_op=t_unfused / t_op, ref_over_op=t_ref / t_op,
-                op_gbs=bytes_moved / t_op * 1e-9, max_abs_err_vs_ref=err)
+    return dict(
+        op="block_diffusion_attention",
+        batch=batch,
+        ctx=ctx,
+        gamma=gamma,
+        hq=hq,
+        hkv=hkv,
+        dim=dim,
+        dtype=str(dtype).replace("torch.", ""),
+        op_ms=t_op * 1e3,
+        unfused_ms=t_unfused * 1e3,
+        ref_ms=t_ref * 1e3,
+        unfused_over_op=t_unfused / t_op,
+        ref_over_op=t_ref / t_op,
+        op_gbs=bytes_moved / t_op * 1e-9,
+        max_abs_err_vs_ref=err,
+    )
 
 
 def bench_inject(n, batch, hkv, dim, dtype, device, repeats):
@@ -104,16 +131,36 @@ def bench_inject(n, batch, hkv, dim, dtype, device, repeats):
     t_ref = median_time(lambda: inject_context_kv_reference(*args), max(1, repeats // 4), device)
     elem = torch.tensor([], dtype=dtype).element_size()
     bytes_moved = elem * 4 * n * hkv * dim  # read k, v; write k, v
-    return dict(op="inject_context_kv", n=n, batch=batch, hkv=hkv, dim=dim, dtype=str(dtype).replace("torch.", ""),
-                op_ms=t_op * 1e3, unfused_ms=t_unfused * 1e3, ref_ms=t_ref * 1e3,
-                unfused_over_op=t_unfused / t_op, ref_over_op=t_ref / t_op, op_gbs=bytes_moved / t_op * 1e-9)
+    return dict(
+        op="inject_context_kv",
+        n=n,
+        batch=batch,
+        hkv=hkv,
+        dim=dim,
+        dtype=str(dtype).replace("torch.", ""),
+        op_ms=t_op * 1e3,
+        unfused_ms=t_unfused * 1e3,
+        ref_ms=t_ref * 1e3,
+        unfused_over_op=t_unfused / t_op,
+        ref_over_op=t_ref / t_op,
+        op_gbs=bytes_moved / t_op * 1e-9,
+    )
 
 
 def _row(op, desc, dtype, t_op, t_base, base_name, t_ref, bytes_moved, **extra):
-    return dict(op=op, shape=desc, dtype=str(dtype).replace("torch.", ""), op_ms=t_op * 1e3,
-                unfused_ms=t_base * 1e3, unfused_is=base_name, ref_ms=None if t_ref is None else t_ref * 1e3,
-                unfused_over_op=t_base / t_op, ref_over_op=None if t_ref is None else t_ref / t_op,
-                op_gbs=bytes_moved / t_op * 1e-9, **extra)
+    return dict(
+        op=op,
+        shape=desc,
+        dtype=str(dtype).replace("torch.", ""),
+        op_ms=t_op * 1e3,
+        unfused_ms=t_base * 1e3,
+        unfused_is=base_name,
+        ref_ms=None if t_ref is None else t_ref * 1e3,
+        unfused_over_op=t_base / t_op,
+        ref_over_op=None if t_ref is None else t_ref / t_op,
+        op_gbs=bytes_moved / t_op * 1e-9,
+        **extra,
+    )
 
 
 def bench_conv(rows, channels, dtype, device, repeats):
@@ -125,8 +172,9 @@ def bench_conv(rows, channels, dtype, device, repeats):
     t_op = median_time(lambda: flashspark.ops.two_tap_conv(x, base, delta, 16, residual=res), repeats, device)
     t_ref = median_time(lambda: two_tap_conv_reference(x, base, delta, 16, residual=res), repeats, device)
     elem = x.element_size()
-    return _row("two_tap_conv", f"N{rows} C{channels}", dtype, t_op, t_ref, "reference", None,
-                elem * 3 * rows * channels)
+    return _row(
+        "two_tap_conv", f"N{rows} C{channels}", dtype, t_op, t_ref, "reference", None, elem * 3 * rows * channels
+    )
 
 
 def bench_conv_fused(rows, channels, dtype, device, repeats):
@@ -140,12 +188,21 @@ def bench_conv_fused(rows, channels, dtype, device, repeats):
     res = torch.randn(rows, channels, generator=g).to(dtype).to(device)
     conv = flashspark.ops.two_tap_conv
     t_op = median_time(lambda: conv(x, base, None, 8, residual=res, delta_weight=w), repeats, device)
-    t_unf = median_time(lambda: conv(x, base, F.linear(x, w).unflatten(-1, (2, groups)), 8, residual=res), repeats,
-                        device)
+    t_unf = median_time(
+        lambda: conv(x, base, F.linear(x, w).unflatten(-1, (2, groups)), 8, residual=res), repeats, device
+    )
     t_ref = median_time(lambda: two_tap_conv_reference(x, base, None, 8, residual=res, delta_weight=w), repeats, device)
     elem = x.element_size()
-    return _row("two_tap_conv+proj", f"N{rows} C{channels}", dtype, t_op, t_unf, "linear+two_tap_conv", t_ref,
-                elem * (3 * rows * channels + 2 * groups * channels))
+    return _row(
+        "two_tap_conv+proj",
+        f"N{rows} C{channels}",
+        dtype,
+        t_op,
+        t_unf,
+        "linear+two_tap_conv",
+        t_ref,
+        elem * (3 * rows * channels + 2 * groups * channels),
+    )
 
 
 def bench_conv_prepared(rows, channels, dtype, device, repeats):
@@ -160,20 +217,38 @@ def bench_conv_prepared(rows, channels, dtype, device, repeats):
     conv = flashspark.ops.two_tap_conv
     t_op = median_time(lambda: conv(x, base, None, 8, delta_weight=w, norm_weight=nw), repeats, device)
     t_unf = median_time(lambda: conv(rms_norm(x, nw, 1e-6), base, None, 8, delta_weight=w), repeats, device)
-    t_ref = median_time(lambda: two_tap_conv_reference(x, base, None, 8, delta_weight=w, norm_weight=nw), repeats,
-                        device)
+    t_ref = median_time(
+        lambda: two_tap_conv_reference(x, base, None, 8, delta_weight=w, norm_weight=nw), repeats, device
+    )
     elem = x.element_size()
-    return _row("two_tap_conv+norm+proj", f"N{rows} C{channels}", dtype, t_op, t_unf, "rms_norm+two_tap_conv", t_ref,
-                elem * (2 * rows * channels + (2 * groups + 3) * channels))
+    return _row(
+        "two_tap_conv+norm+proj",
+        f"N{rows} C{channels}",
+        dtype,
+        t_op,
+        t_unf,
+        "rms_norm+two_tap_conv",
+        t_ref,
+        elem * (2 * rows * channels + (2 * groups + 3) * channels),
+    )
 
 
 def bench_topk(rows, vocab, dtype, device, repeats):
     logits = torch.randn(rows, vocab, device=device).to(dtype)
     t_op = median_time(lambda: flashspark.ops.topk_select(logits, 16), repeats, device)
-    t_torch = median_time(lambda: (torch.topk(logits.float(), 16), torch.logsumexp(logits.float(), -1)), repeats,
-                          device)
-    return _row("topk_select", f"rows{rows} V{vocab}", dtype, t_op, t_torch, "torch.topk+logsumexp", None,
-                logits.element_size() * rows * vocab)
+    t_torch = median_time(
+        lambda: (torch.topk(logits.float(), 16), torch.logsumexp(logits.float(), -1)), repeats, device
+    )
+    return _row(
+        "topk_select",
+        f"rows{rows} V{vocab}",
+        dtype,
+        t_op,
+        t_torch,
+        "torch.topk+logsumexp",
+        None,
+        logits.element_size() * rows * vocab,
+    )
 
 
 def path_bench_inputs(requests, positions, k, vocab, rank, device, seed):
@@ -193,13 +268,29 @@ def bench_path(requests, positions, k, vocab, rank, mode, device, repeats):
     temp = torch.ones(requests, device=device)
     seeds = torch.arange(requests, dtype=torch.int64, device=device)
     offs = torch.zeros(requests, dtype=torch.int64, device=device)
-    t_op = median_time(lambda: flashspark.ops.path_select(cand, unary, a_emb, b_emb, gg, anchor, mode=mode,
-                                                          temperature=temp, seeds=seeds, offsets=offs), repeats, device)
-    t_ref = median_time(lambda: path_select_reference(cand, unary, a_emb, b_emb, gg, anchor, mode, temp, seeds, offs),
-                        max(1, repeats // 4), device)
+    t_op = median_time(
+        lambda: flashspark.ops.path_select(
+            cand, unary, a_emb, b_emb, gg, anchor, mode=mode, temperature=temp, seeds=seeds, offsets=offs
+        ),
+        repeats,
+        device,
+    )
+    t_ref = median_time(
+        lambda: path_select_reference(cand, unary, a_emb, b_emb, gg, anchor, mode, temp, seeds, offs),
+        max(1, repeats // 4),
+        device,
+    )
     bytes_moved = 4 * (2 * requests * positions * k * rank + requests * positions * (rank + 2 * k))
-    return _row("path_select", f"R{requests} P{positions} K{k} r{rank} {mode}", torch.float32, t_op, t_ref,
-                "reference", None, bytes_moved)
+    return _row(
+        "path_select",
+        f"R{requests} P{positions} K{k} r{rank} {mode}",
+        torch.float32,
+        t_op,
+        t_ref,
+        "reference",
+        None,
+        bytes_moved,
+    )
 
 
 def bench_path_fused_g(requests, positions, k, vocab, rank, hidden_dim, device, repeats):
@@ -208,13 +299,23 @@ def bench_path_fused_g(requests, positions, k, vocab, rank, hidden_dim, device, 
     hidden = torch.randn(requests, positions, hidden_dim, generator=g).to(device)
     w_h = (0.05 * torch.randn(rank, hidden_dim, generator=g)).to(device)
     select = flashspark.ops.path_select
-    t_op = median_time(lambda: select(cand, unary, a_emb, b_emb, None, anchor, hidden=hidden, g_weight=w_h), repeats,
-                       device)
+    t_op = median_time(
+        lambda: select(cand, unary, a_emb, b_emb, None, anchor, hidden=hidden, g_weight=w_h), repeats, device
+    )
     t_unf = median_time(lambda: select(cand, unary, a_emb, b_emb, F.linear(hidden, w_h), anchor), repeats, device)
-    bytes_moved = 4 * (2 * requests * positions * k * rank + requests * positions * (hidden_dim + 2 * k)
-                       + rank * hidden_dim)
-    return _row("path_select+g", f"R{requests} P{positions} K{k} r{rank} D{hidden_dim}", torch.float32, t_op, t_unf,
-                "linear+path_select", None, bytes_moved)
+    bytes_moved = 4 * (
+        2 * requests * positions * k * rank + requests * positions * (hidden_dim + 2 * k) + rank * hidden_dim
+    )
+    return _row(
+        "path_select+g",
+        f"R{requests} P{positions} K{k} r{rank} D{hidden_dim}",
+        torch.float32,
+        t_op,
+        t_unf,
+        "linear+path_select",
+        None,
+        bytes_moved,
+    )
 
 
 def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
@@ -223,10 +324,19 @@ def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
     def rnd(*s):
         return torch.randn(*s, generator=g).to(dtype).to(device)
 
-    args = (rnd(batch, vocab), torch.randint(0, vocab, (batch,), generator=g).to(device), rnd(vocab, rank),
-            rnd(vocab, rank), None, rnd(batch, hidden), rnd(hidden + rank), torch.zeros(1, device=device),
-            torch.ones(batch, device=device), torch.arange(batch, dtype=torch.int64, device=device),
-            torch.zeros(batch, dtype=torch.int64, device=device))
+    args = (
+        rnd(batch, vocab),
+        torch.randint(0, vocab, (batch,), generator=g).to(device),
+        rnd(vocab, rank),
+        rnd(vocab, rank),
+        None,
+        rnd(batch, hidden),
+        rnd(hidden + rank),
+        torch.zeros(1, device=device),
+        torch.ones(batch, device=device),
+        torch.arange(batch, dtype=torch.int64, device=device),
+        torch.zeros(batch, dtype=torch.int64, device=device),
+    )
 
     def unfused():
         base, prev, w1, w2, _, h, cw, cb, temp, _, _ = args
@@ -237,8 +347,13 @@ def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
         conf = torch.sigmoid(torch.cat([h, e], -1).float() @ cw.float() + cb)
         return tok, q, conf
 
-    t_op = median_time(lambda: flashspark.ops.markov_step(*args[:4], args[5], args[6], args[7], temperature=args[8],
-                                                          seeds=args[9], positions=args[10]), repeats, device)
+    t_op = median_time(
+        lambda: flashspark.ops.markov_step(
+            *args[:4], args[5], args[6], args[7], temperature=args[8], seeds=args[9], positions=args[10]
+        ),
+        repeats,
+        device,
+    )
     t_unf = median_time(unfused, repeats, device)
     t_ref = median_time(lambda: markov_step_reference(*args), max(1, repeats // 4), device)
     elem = args[0].element_size()
@@ -248,8 +363,10 @@ def bench_markov(batch, vocab, rank, hidden, dtype, device, repeats):
 
 def print_row(r):
     ref = f"{r['ref_ms']:>8.2f}" if r.get("ref_ms") is not None else f"{'-':>8}"
-    print(f"{r['op']:<26} {r['shape']:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
-          f"{ref} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}")
+    print(
+        f"{r['op']:<26} {r['shape']:<34} {r['dtype']:>8} | {r['op_ms']:>8.3f} {r['unfused_ms']:>8.3f} "
+        f"{ref} | {r['unfused_over_op']:>5.1f}x {r['op_gbs']:>7.1f}"
+    )
 
 
 def main(argv=None):
@@ -257,8 +374,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -312,8 +433,9 @@ def main(argv=None):
     for requests in (1, 32):  # the embedded drafter's shapes: γ - 1 = 7 positions, D = 256
         rows.append(bench_path_fused_g(requests, 7, 16, 4096, 64, 256, device, repeats))
         print_row(rows[-1])
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"drafter_ops_bench_{device.type}.json")
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results", f"drafter_ops_bench_{device.type}.json"
+    )
     write_result("drafter_ops", "bench/drafter_ops_bench.py", argv, device, rows, out)
 
 

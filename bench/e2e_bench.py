@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from flashspark import data
 from flashspark.generate import generate
 from flashspark.models import load_model
@@ -42,6 +41,7 @@ DEFAULT_METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sc
 def make_ar(target):
     def decode(prompts, max_new_tokens, temperature, seed):
         return generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+
     decode.prepare = lambda batch_size, temperature: None
     return decode
 
@@ -79,13 +79,15 @@ def run(args, target=None, methods=None) -> dict:
         for c in args.concurrency:
             decode.prepare(c, args.temperature)
     w = max(12, max(len(m) for m in methods))
-    print(f"{'method':>{w}} {'conc':>5} {'tau':>6} {'verified':>8} {'wasted':>7} {'tokens/s':>10} {'vs plain':>9} "
-          f"{'paired':>7} {'ms/step':>8}  same as plain")
+    print(
+        f"{'method':>{w}} {'conc':>5} {'tau':>6} {'verified':>8} {'wasted':>7} {'tokens/s':>10} {'vs plain':>9} "
+        f"{'paired':>7} {'ms/step':>8}  same as plain"
+    )
     rows = []
     for c in args.concurrency:
         # Every row decodes the same prompts (batches of c), so rows differ only by method and
         # concurrency, and low concurrency is not a few prompts' luck.
-        batches = [prompts[i:i + c] for i in range(0, len(prompts), c)]
+        batches = [prompts[i : i + c] for i in range(0, len(prompts), c)]
         # Repeats go round-robin over the methods: a slow spell of a shared machine then lands on
         # every method instead of on whichever one was running.
         runs: dict[str, list] = {spec: [] for spec in methods}
@@ -105,46 +107,70 @@ def run(args, target=None, methods=None) -> dict:
             if spec == "ar":
                 plain_out, plain_tps = out, st["tokens_per_s"]
             same = out == plain_out if args.temperature == 0 else None
-            row = {"method": spec, "concurrency": c, "prompts": len(out), "tau": tau,
-                   "tokens_per_s": st["tokens_per_s"], "per_request_tokens_per_s": st["tokens_per_s"] / c,
-                   "speedup": st["tokens_per_s"] / plain_tps,
-                   # median over rounds of the ratio to plain decoding's run of the same round: a slow
-                   # or fast spell of the shared machine then tends to hit both sides of each ratio
-                   "speedup_paired": statistics.median(
-                       m[1]["tokens_per_s"] / a[1]["tokens_per_s"] for m, a in zip(runs[spec], runs["ar"])),
-                   "ms_per_step": st["ms_per_step"],
-                   "seconds": st["seconds"], "seconds_repeats": times,
-                   # spread of the repeats: the noise a comparison between rows must clear
-                   "spread": (max(times) - min(times)) / min(times) if len(times) > 1 else None,
-                   "new_tokens": st["new_tokens"], "same_as_plain": same,
-                   "verified_per_step": st.get("verified_per_step", 0.0),
-                   "drafts_verified": st.get("drafts_verified", 0), "drafts_wasted": st.get("drafts_wasted", 0),
-                   "wasted_fraction": st.get("drafts_wasted", 0) / max(1, st.get("drafts_verified", 0)),
-                   "acceptance_per_position": st.get("acceptance_per_position"),
-                   "recall_top1": st.get("recall_top1"), "recall_topk": st.get("recall_topk"),
-                   "draft_ms_per_step": st.get("draft_ms_per_step"),
-                   # confidence scheduler: loop steps run plain, and batches decoded plainly at this load
-                   "plain_steps": st.get("plain_steps"), "plain_batches": st.get("plain_batches"),
-                   "phase_seconds": st.get("phase_seconds")}
+            row = {
+                "method": spec,
+                "concurrency": c,
+                "prompts": len(out),
+                "tau": tau,
+                "tokens_per_s": st["tokens_per_s"],
+                "per_request_tokens_per_s": st["tokens_per_s"] / c,
+                "speedup": st["tokens_per_s"] / plain_tps,
+                # median over rounds of the ratio to plain decoding's run of the same round: a slow
+                # or fast spell of the shared machine then tends to hit both sides of each ratio
+                "speedup_paired": statistics.median(
+                    m[1]["tokens_per_s"] / a[1]["tokens_per_s"] for m, a in zip(runs[spec], runs["ar"])
+                ),
+                "ms_per_step": st["ms_per_step"],
+                "seconds": st["seconds"],
+                "seconds_repeats": times,
+                # spread of the repeats: the noise a comparison between rows must clear
+                "spread": (max(times) - min(times)) / min(times) if len(times) > 1 else None,
+                "new_tokens": st["new_tokens"],
+                "same_as_plain": same,
+                "verified_per_step": st.get("verified_per_step", 0.0),
+                "drafts_verified": st.get("drafts_verified", 0),
+                "drafts_wasted": st.get("drafts_wasted", 0),
+                "wasted_fraction": st.get("drafts_wasted", 0) / max(1, st.get("drafts_verified", 0)),
+                "acceptance_per_position": st.get("acceptance_per_position"),
+                "recall_top1": st.get("recall_top1"),
+                "recall_topk": st.get("recall_topk"),
+                "draft_ms_per_step": st.get("draft_ms_per_step"),
+                # confidence scheduler: loop steps run plain, and batches decoded plainly at this load
+                "plain_steps": st.get("plain_steps"),
+                "plain_batches": st.get("plain_batches"),
+                "phase_seconds": st.get("phase_seconds"),
+            }
             rows.append(row)
-            print(f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
-                  f"{row['tokens_per_s']:>10.1f} {row['speedup']:>8.2f}x {row['speedup_paired']:>6.2f}x "
-                  f"{row['ms_per_step']:>8.2f}  {'' if same is None else ('yes' if same else 'NO')}", flush=True)
+            print(
+                f"{spec:>{w}} {c:>5} {tau:>6.2f} {row['verified_per_step']:>8.2f} {row['wasted_fraction']:>7.2f} "
+                f"{row['tokens_per_s']:>10.1f} {row['speedup']:>8.2f}x {row['speedup_paired']:>6.2f}x "
+                f"{row['ms_per_step']:>8.2f}  {'' if same is None else ('yes' if same else 'NO')}",
+                flush=True,
+            )
     hw = hardware_string()
     if device.type == "cuda":
         hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
     return {
-        "benchmark": "e2e", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "benchmark": "e2e",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "command": "python bench/e2e_bench.py " + shlex.join(sys.argv[1:]),
         "target": str(args.model or "shipped target"),
         "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
-        "task": args.task, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature, "min_prompts": args.min_prompts,
+        "task": args.task,
+        "prompt_tokens": args.prompt_tokens,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "min_prompts": args.min_prompts,
         "prompts": len(prompts),
         "decoding": "no early stop; best of repeats; every row decodes the same prompts, in batches of c",
-        "repeats": args.repeats, "methods": list(methods), "results": rows,
+        "repeats": args.repeats,
+        "methods": list(methods),
+        "results": rows,
     }
 
 
@@ -156,9 +182,13 @@ def _merge(stats: list[dict]) -> dict:
     # iterations (the whole batch each, finished requests included).
     iters = sum(s.get("iterations") or s.get("forwards", 0) or s["steps"] / max(1, s["requests"]) for s in stats)
     steps = sum(s.get("steps", 0) for s in stats)
-    merged = {"seconds": seconds, "new_tokens": new, "tokens_per_s": new / seconds if seconds > 0 else 0.0,
-              "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
-              "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0}
+    merged = {
+        "seconds": seconds,
+        "new_tokens": new,
+        "tokens_per_s": new / seconds if seconds > 0 else 0.0,
+        "ms_per_step": 1e3 * sum(s["decode_seconds"] for s in stats) / max(1, iters),
+        "tau": sum(s["tau"] * s.get("steps", 1) for s in stats) / max(1, steps) if steps else 1.0,
+    }
     if any("recall_positions" in s for s in stats):
         n = sum(s.get("recall_positions", 0) for s in stats)
         for key in ("recall_top1", "recall_topk"):
@@ -169,7 +199,9 @@ def _merge(stats: list[dict]) -> dict:
         merged["verified_per_step"] = merged["drafts_verified"] / max(1, steps)
         merged["plain_batches"] = sum(bool(s.get("plain_batch")) for s in stats)
     if "phase_seconds" in stats[0]:
-        merged["phase_seconds"] = {k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]}
+        merged["phase_seconds"] = {
+            k: sum(s["phase_seconds"].get(k, 0.0) for s in stats) for k in stats[0]["phase_seconds"]
+        }
         # Drafting time per drafted block of the batch (an iteration that drafted): what DFlash 2's
         # convs and selector add over DFlash, whatever the number of iterations each ran.
         drafted = iters - sum(s.get("plain_steps", 0) for s in stats)  # plain batches: all their forwards
@@ -202,8 +234,12 @@ def plot(result: dict, path: Path) -> None:
     for m in result["methods"]:
         pts = [(r["concurrency"], r["tokens_per_s"]) for r in result["results"] if r["method"] == m]
         ax.plot(*zip(*pts), marker="o", label=m)
-    style_concurrency_axes(ax, [r["concurrency"] for r in result["results"]], "generated tokens / s",
-                           f"flashspark end to end, T = {result['temperature']:g}, {result['device']}")
+    style_concurrency_axes(
+        ax,
+        [r["concurrency"] for r in result["results"]],
+        "generated tokens / s",
+        f"flashspark end to end, T = {result['temperature']:g}, {result['device']}",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -212,9 +248,14 @@ def plot(result: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS,
-                   help="ar, or drafter[:k=N,sched=fixed|confidence,path=...,delay=N] with drafter one of "
-                        + ", ".join(DRAFTERS) + " (default: %(default)s)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        help="ar, or drafter[:k=N,sched=fixed|confidence,path=...,delay=N] with drafter one of "
+        + ", ".join(DRAFTERS)
+        + " (default: %(default)s)",
+    )
     p.add_argument("--model", default=None, help="target model directory (default: shipped)")
     for name in DRAFTERS:
         p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: shipped)")
@@ -224,9 +265,13 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
-    p.add_argument("--min-prompts", type=int, default=32,
-                   help="prompts per row at least, in batches of c (default %(default)s: every row decodes the "
-                        "same 32 prompts, so rows differ only by method and concurrency)")
+    p.add_argument(
+        "--min-prompts",
+        type=int,
+        default=32,
+        help="prompts per row at least, in batches of c (default %(default)s: every row decodes the "
+        "same 32 prompts, so rows differ only by method and concurrency)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="concurrency 1 4 16, 48 new tokens, 16 prompts, 1 repeat")

@@ -42,8 +42,13 @@ def measure() -> dict:
 
     torch.set_num_threads(1)
     out = {}
-    for batch, gamma, vocab, greedy in [(1, 7, 4096, False), (1, 8, 151936, False), (32, 7, 4096, False),
-                                        (8, 7, 4096, True), (1, 8, 151936, True)]:
+    for batch, gamma, vocab, greedy in [
+        (1, 7, 4096, False),
+        (1, 8, 151936, False),
+        (32, 7, 4096, False),
+        (8, 7, 4096, True),
+        (1, 8, 151936, True),
+    ]:
         logits, tokens, cu, kw = make_batch(batch, gamma, vocab, torch.float32, "cpu")
         if greedy:
             kw = {**kw, "temperature": torch.zeros(batch)}
@@ -56,10 +61,12 @@ def measure() -> dict:
         base, prev = torch.randn(batch, vocab, generator=g), torch.randint(0, vocab, (batch,), generator=g)
         w1, w2 = torch.randn(vocab, rank, generator=g), torch.randn(vocab, rank, generator=g)
         h, cw = torch.randn(batch, hidden, generator=g), torch.randn(hidden + rank, generator=g)
-        kw = dict(temperature=torch.ones(batch), seeds=torch.arange(batch),
-                  positions=torch.zeros(batch, dtype=torch.int64))
+        kw = dict(
+            temperature=torch.ones(batch), seeds=torch.arange(batch), positions=torch.zeros(batch, dtype=torch.int64)
+        )
         out[f"markov_step B={batch} V={vocab} r={rank}"] = median_us(
-            lambda: ops.markov_step(base, prev, w1, w2, h, cw, torch.zeros(1), **kw))
+            lambda: ops.markov_step(base, prev, w1, w2, h, cw, torch.zeros(1), **kw)
+        )
         rows = torch.randn(batch * 7, vocab, generator=g)
         out[f"topk_select {batch * 7} x {vocab}"] = median_us(lambda: ops.topk_select(rows, 16))
     return out
@@ -67,7 +74,9 @@ def measure() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--builds", nargs=2, metavar=("A", "B"), help="the two package directories (each holds flashspark/)")
+    ap.add_argument(
+        "--builds", nargs=2, metavar=("A", "B"), help="the two package directories (each holds flashspark/)"
+    )
     ap.add_argument("--labels", nargs=2, default=["A", "B"], help="what the two builds are (e.g. two commits)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "ops_ab.json"))
@@ -82,8 +91,9 @@ def main() -> None:
     for r in range(args.rounds):
         for label, path in zip("AB", args.builds):
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(path), HERE])}
-            res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True,
-                                 check=True)
+            res = subprocess.run(
+                [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
+            )
             runs[label].append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1}/{args.rounds}: build {label} done", file=sys.stderr)
     rows = []
@@ -95,8 +105,11 @@ def main() -> None:
     for row in rows:
         print(f"{row['call']:44s} {row['A_us']:10.1f} {row['B_us']:10.1f} {row['B_over_A']:7.3f}")
     with open(args.out, "w") as f:
-        json.dump({"builds": dict(zip("AB", args.labels)), "rounds": args.rounds, "threads": 1, "rows": rows, "runs": runs}, f,
-                  indent=1)
+        json.dump(
+            {"builds": dict(zip("AB", args.labels)), "rounds": args.rounds, "threads": 1, "rows": rows, "runs": runs},
+            f,
+            indent=1,
+        )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,13 @@ def run_info(device: torch.device) -> dict:
     """Date, hardware and versions recorded with every benchmark result."""
     return dict(
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        hardware=dict(machine=platform.machine(), processor=platform.processor() or platform.machine(),
-                      cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
-                      gpu=torch.cuda.get_device_name() if device.type == "cuda" else None),
+        hardware=dict(
+            machine=platform.machine(),
+            processor=platform.processor() or platform.machine(),
+            cpu_count=os.cpu_count(),
+            torch_threads=torch.get_num_threads(),
+            gpu=torch.cuda.get_device_name() if device.type == "cuda" else None,
+        ),
         torch=torch.__version__,
         device=str(device),
     )
@@ -44,9 +48,12 @@ def run_info(device: torch.device) -> dict:
 def write_result(benchmark: str, script: str, argv, device: torch.device, rows: list, out: str) -> dict:
     """The JSON every benchmark writes: its name, the command that produced it (script +
     argv, or the process's own arguments), run_info and the rows; returns it."""
-    result = dict(benchmark=benchmark,
-                  command=" ".join(["python", script] + (list(argv) if argv is not None else sys.argv[1:])),
-                  **run_info(device), rows=rows)
+    result = dict(
+        benchmark=benchmark,
+        command=" ".join(["python", script] + (list(argv) if argv is not None else sys.argv[1:])),
+        **run_info(device),
+        rows=rows,
+    )
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2)

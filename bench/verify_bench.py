@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
 import flashspark
+import torch
 from flashspark.reference import verify_reference
 from timing import median_time, write_result
 
@@ -27,7 +26,7 @@ def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
     cu = torch.arange(batch + 1, dtype=torch.int32) * gamma
     total = batch * gamma
     logits = torch.randn(total + batch, vocab, generator=g) * 3.0
-    draft_rows = torch.cat([logits[b * (gamma + 1): b * (gamma + 1) + gamma] for b in range(batch)])
+    draft_rows = torch.cat([logits[b * (gamma + 1) : b * (gamma + 1) + gamma] for b in range(batch)])
     q = torch.softmax(closeness * draft_rows + (1 - closeness) * 3.0 * torch.randn(total, vocab, generator=g), -1)
     tokens = torch.multinomial(q, 1, generator=g).squeeze(-1).to(torch.int32)
     kw = dict(
@@ -47,8 +46,12 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ref-repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine",
+    )
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/verify_bench_<device>.json)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -56,11 +59,20 @@ def main(argv=None):
     device = torch.device(args.device)
 
     if args.quick:
-        grid = [(1, 8, 32000, torch.float32), (8, 8, 32000, torch.float32), (32, 8, 32000, torch.float32),
-                (32, 8, 32000, torch.bfloat16)]
+        grid = [
+            (1, 8, 32000, torch.float32),
+            (8, 8, 32000, torch.float32),
+            (32, 8, 32000, torch.float32),
+            (32, 8, 32000, torch.bfloat16),
+        ]
     else:
-        grid = [(b, g, v, d) for d in (torch.float32, torch.bfloat16) for v in (4096, 32000, 151936)
-                for g in (4, 8, 16) for b in (1, 8, 32, 64)]
+        grid = [
+            (b, g, v, d)
+            for d in (torch.float32, torch.bfloat16)
+            for v in (4096, 32000, 151936)
+            for g in (4, 8, 16)
+            for b in (1, 8, 32, 64)
+        ]
 
     rows = []
     header = f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} | {'op ms':>9} {'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
@@ -75,16 +87,31 @@ def main(argv=None):
         t_op = median_time(lambda: flashspark.verify(logits, tokens, cu, **kw), args.repeats, device)
         t_ref = median_time(lambda: verify_reference(logits, tokens, cu, **kw), args.ref_repeats, device)
         tau = float(acc.float().mean()) + 1.0
-        rows.append(dict(batch=batch, gamma=gamma, vocab=vocab, dtype=str(dtype).replace("torch.", ""),
-                         op_ms=t_op * 1e3, ref_ms=t_ref * 1e3, speedup=t_ref / t_op, tau=tau,
-                         agrees_with_reference=agree))
-        print(f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} | {t_op * 1e3:>9.3f} {t_ref * 1e3:>9.2f} "
-              f"{t_ref / t_op:>6.1f}x | {tau:>5.2f}" + ("" if agree else "  (outputs differ!)"))
+        rows.append(
+            dict(
+                batch=batch,
+                gamma=gamma,
+                vocab=vocab,
+                dtype=str(dtype).replace("torch.", ""),
+                op_ms=t_op * 1e3,
+                ref_ms=t_ref * 1e3,
+                speedup=t_ref / t_op,
+                tau=tau,
+                agrees_with_reference=agree,
+            )
+        )
+        print(
+            f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} | {t_op * 1e3:>9.3f} {t_ref * 1e3:>9.2f} "
+            f"{t_ref / t_op:>6.1f}x | {tau:>5.2f}" + ("" if agree else "  (outputs differ!)")
+        )
 
     # Quick runs (the demo) go to runs/, full grids to the committed bench/results/.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out_path = args.out or (os.path.join(root, "runs", f"verify_bench_{device.type}_quick.json") if args.quick else
-                            os.path.join(root, "bench", "results", f"verify_bench_{device.type}.json"))
+    out_path = args.out or (
+        os.path.join(root, "runs", f"verify_bench_{device.type}_quick.json")
+        if args.quick
+        else os.path.join(root, "bench", "results", f"verify_bench_{device.type}.json")
+    )
     return write_result("verify", "bench/verify_bench.py", argv, device, rows, out_path)
 
 

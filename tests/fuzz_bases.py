@@ -19,40 +19,108 @@ from hypothesis import strategies as st
 FUZZ_SEED = 20250607
 DRAWS_PER_BASE = 4  # examples hypothesis generates per distinct base wanted
 
-SEEDS = st.integers(0, 2 ** 31 - 1)
+SEEDS = st.integers(0, 2**31 - 1)
 FLOATS = st.sampled_from(["float32", "bfloat16", "float16"])
 TEMPS = st.lists(st.sampled_from([0.0, 1e-6, 0.5, 1.0, 2.0]), min_size=4, max_size=4)
 
-VERIFY_BASE = st.fixed_dictionaries(dict(
-    seed=SEEDS, num_draft=st.lists(st.integers(0, 4), min_size=1, max_size=4), V=st.integers(1, 40),
-    q_mode=st.sampled_from(["onehot", "dense", "sparse"]), K=st.integers(1, 4), dtype=FLOATS, temps=TEMPS,
-    extra_spec=st.integers(0, 2), index64=st.booleans()))
+VERIFY_BASE = st.fixed_dictionaries(
+    dict(
+        seed=SEEDS,
+        num_draft=st.lists(st.integers(0, 4), min_size=1, max_size=4),
+        V=st.integers(1, 40),
+        q_mode=st.sampled_from(["onehot", "dense", "sparse"]),
+        K=st.integers(1, 4),
+        dtype=FLOATS,
+        temps=TEMPS,
+        extra_spec=st.integers(0, 2),
+        index64=st.booleans(),
+    )
+)
 
 BASE_STRATEGIES = {
     "verify": VERIFY_BASE,
     "verify_out": VERIFY_BASE,
-    "block_diffusion_attention": st.fixed_dictionaries(dict(
-        seed=SEEDS, B=st.integers(1, 3), G=st.integers(1, 4), Hkv=st.integers(1, 2), group=st.integers(1, 2),
-        D=st.sampled_from([2, 4, 8, 16]), ctx=st.lists(st.integers(0, 6), min_size=3, max_size=3),
-        S_extra=st.integers(0, 3), dtype=FLOATS, index64=st.booleans())),
-    "inject_context_kv": st.fixed_dictionaries(dict(
-        seed=SEEDS, N=st.integers(1, 6), B=st.integers(1, 3), Hkv=st.integers(1, 2), D=st.sampled_from([2, 4, 8, 16]),
-        S=st.integers(1, 8), dtype=FLOATS, pos_extra=st.integers(0, 2), index64=st.booleans())),
-    "two_tap_conv": st.fixed_dictionaries(dict(
-        seed=SEEDS, rows=st.integers(1, 12), C=st.sampled_from([1, 5, 16, 17, 33]), block_size=st.integers(1, 5),
-        taps=st.sampled_from(["delta", "delta_weight"]), ragged=st.booleans(), residual=st.booleans(),
-        norm=st.booleans(), dtype=FLOATS, lead=st.booleans(), index64=st.booleans())),
-    "topk_select": st.fixed_dictionaries(dict(
-        seed=SEEDS, rows=st.integers(1, 4), V=st.integers(1, 40), k=st.integers(1, 16), dtype=FLOATS,
-        lead=st.booleans())),
-    "path_select": st.fixed_dictionaries(dict(
-        seed=SEEDS, R=st.integers(1, 3), P=st.integers(1, 4), K=st.integers(1, 6), V=st.integers(1, 40),
-        r=st.integers(1, 8), mode=st.sampled_from(["backtrack", "greedy", "sample"]), temps=TEMPS,
-        fused_g=st.booleans(), Dh=st.integers(1, 8), dtype=st.sampled_from(["float32", "bfloat16"]),
-        index64=st.booleans())),
-    "markov_step": st.fixed_dictionaries(dict(
-        seed=SEEDS, B=st.integers(1, 4), V=st.integers(1, 40), r=st.integers(1, 8), H=st.integers(1, 8),
-        bias=st.booleans(), temps=TEMPS, dtype=FLOATS, index64=st.booleans())),
+    "block_diffusion_attention": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            B=st.integers(1, 3),
+            G=st.integers(1, 4),
+            Hkv=st.integers(1, 2),
+            group=st.integers(1, 2),
+            D=st.sampled_from([2, 4, 8, 16]),
+            ctx=st.lists(st.integers(0, 6), min_size=3, max_size=3),
+            S_extra=st.integers(0, 3),
+            dtype=FLOATS,
+            index64=st.booleans(),
+        )
+    ),
+    "inject_context_kv": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            N=st.integers(1, 6),
+            B=st.integers(1, 3),
+            Hkv=st.integers(1, 2),
+            D=st.sampled_from([2, 4, 8, 16]),
+            S=st.integers(1, 8),
+            dtype=FLOATS,
+            pos_extra=st.integers(0, 2),
+            index64=st.booleans(),
+        )
+    ),
+    "two_tap_conv": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            rows=st.integers(1, 12),
+            C=st.sampled_from([1, 5, 16, 17, 33]),
+            block_size=st.integers(1, 5),
+            taps=st.sampled_from(["delta", "delta_weight"]),
+            ragged=st.booleans(),
+            residual=st.booleans(),
+            norm=st.booleans(),
+            dtype=FLOATS,
+            lead=st.booleans(),
+            index64=st.booleans(),
+        )
+    ),
+    "topk_select": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            rows=st.integers(1, 4),
+            V=st.integers(1, 40),
+            k=st.integers(1, 16),
+            dtype=FLOATS,
+            lead=st.booleans(),
+        )
+    ),
+    "path_select": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            R=st.integers(1, 3),
+            P=st.integers(1, 4),
+            K=st.integers(1, 6),
+            V=st.integers(1, 40),
+            r=st.integers(1, 8),
+            mode=st.sampled_from(["backtrack", "greedy", "sample"]),
+            temps=TEMPS,
+            fused_g=st.booleans(),
+            Dh=st.integers(1, 8),
+            dtype=st.sampled_from(["float32", "bfloat16"]),
+            index64=st.booleans(),
+        )
+    ),
+    "markov_step": st.fixed_dictionaries(
+        dict(
+            seed=SEEDS,
+            B=st.integers(1, 4),
+            V=st.integers(1, 40),
+            r=st.integers(1, 8),
+            H=st.integers(1, 8),
+            bias=st.booleans(),
+            temps=TEMPS,
+            dtype=FLOATS,
+            index64=st.booleans(),
+        )
+    ),
 }
 
 
@@ -64,8 +132,13 @@ def draw_bases(op, count):
     found = []
 
     @seed(FUZZ_SEED + OPS.index(op))
-    @settings(max_examples=DRAWS_PER_BASE * count, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=DRAWS_PER_BASE * count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(BASE_STRATEGIES[op])
     def collect(base):
         if base not in found and len(found) < count:

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-
 from flashspark import ops
 from flashspark import reference as ref
 
@@ -55,7 +54,7 @@ from flashspark import reference as ref
 # unclear error) instead of exhausting the machine.
 ADDRESS_SPACE_LIMIT_BYTES = 6 << 30
 MESSAGE_CHARS = 300
-BIG = 2 ** 32  # added to an int64 index: an op that narrows it to int32 reads the original value
+BIG = 2**32  # added to an int64 index: an op that narrows it to int32 reads the original value
 GARBAGE_INT = 1_000_003  # fills the gaps of strided index views: out of range if the op reads it
 GREEDY_FLOOR = 1e-5  # temperatures below it are greedy (contract)
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e-3}
@@ -75,7 +74,7 @@ class Mutation:
 
 
 def gen(seed):
-    return torch.Generator().manual_seed(int(seed) % (2 ** 63))
+    return torch.Generator().manual_seed(int(seed) % (2**63))
 
 
 def idx_dtype(base):
@@ -106,7 +105,7 @@ def build_verify(b):
     probs = torch.zeros(T, V) if q_mode == "dense" else torch.zeros(T, kk) if q_mode == "sparse" else None
     ids = torch.zeros(T, kk, dtype=torch.int64) if q_mode == "sparse" else None
     if V > 0 and T > 0:
-        rows = torch.cat([logits[cu[i] + i: cu[i + 1] + i] for i in range(B)])
+        rows = torch.cat([logits[cu[i] + i : cu[i + 1] + i] for i in range(B)])
         draft_logits = 0.7 * rows + 0.9 * torch.randn(T, V, generator=g)
         q = torch.softmax(draft_logits, dim=-1)
         if q_mode == "onehot":
@@ -121,11 +120,15 @@ def build_verify(b):
             probs, ids = top_p, top_i
     temps = (list(b["temps"]) + [1.0] * B)[:B]
     a = dict(
-        target_logits=logits.to(dt), draft_tokens=drafts.to(it), cu_num_draft=torch.tensor(cu, dtype=it),
+        target_logits=logits.to(dt),
+        draft_tokens=drafts.to(it),
+        cu_num_draft=torch.tensor(cu, dtype=it),
         temperature=torch.tensor(temps, dtype=torch.float32),
         seeds=torch.arange(B, dtype=torch.int64) * 7919 + b["seed"] % 1000,
-        offsets=torch.arange(B, dtype=torch.int64) * 3, max_spec_len=max(nd, default=0) + b["extra_spec"],
-        draft_probs=probs, draft_probs_ids=None if ids is None else ids.to(it),
+        offsets=torch.arange(B, dtype=torch.int64) * 3,
+        max_spec_len=max(nd, default=0) + b["extra_spec"],
+        draft_probs=probs,
+        draft_probs_ids=None if ids is None else ids.to(it),
     )
     m = dict(B=B, V=V, T=T, cu=cu, n=nd, temps=temps, q_mode=q_mode, dtype=dt)
     return a, m
@@ -149,9 +152,15 @@ def build_attention(b):
     def rnd(*shape):
         return torch.randn(*shape, generator=g).to(dt)
 
-    a = dict(q=rnd(B, G, hq, D), k_cache=rnd(B, hkv, S, D), v_cache=rnd(B, hkv, S, D),
-             ctx_lens=torch.tensor(ctx, dtype=idx_dtype(b)), k_block=rnd(B, G, hkv, D), v_block=rnd(B, G, hkv, D),
-             scale=float(D) ** -0.5 if D > 0 else 1.0)
+    a = dict(
+        q=rnd(B, G, hq, D),
+        k_cache=rnd(B, hkv, S, D),
+        v_cache=rnd(B, hkv, S, D),
+        ctx_lens=torch.tensor(ctx, dtype=idx_dtype(b)),
+        k_block=rnd(B, G, hkv, D),
+        v_block=rnd(B, G, hkv, D),
+        scale=float(D) ** -0.5 if D > 0 else 1.0,
+    )
     return a, dict(B=B, G=G, Hq=hq, Hkv=hkv, D=D, S=S, ctx=ctx, dtype=dt)
 
 
@@ -163,11 +172,17 @@ def build_inject(b):
     flat = torch.randperm(B * S, generator=g)[:N]
     it = idx_dtype(b)
     max_pos = S + b["pos_extra"]
-    a = dict(k=(torch.randn(N, hkv, D, generator=g) * 2).to(dt), v=torch.randn(N, hkv, D, generator=g).to(dt),
-             positions=(flat % S).to(it) if S else flat.to(it), slots=(flat // S).to(it) if S else flat.to(it),
-             k_norm_weight=1 + 0.1 * torch.randn(D, generator=g),
-             cos_sin_cache=ref.rope_cos_sin_cache(max_pos, D, 10000.0) if D % 2 == 0 else torch.randn(max_pos, D),
-             eps=1e-6, k_cache=torch.zeros(B, hkv, S, D, dtype=dt), v_cache=torch.zeros(B, hkv, S, D, dtype=dt))
+    a = dict(
+        k=(torch.randn(N, hkv, D, generator=g) * 2).to(dt),
+        v=torch.randn(N, hkv, D, generator=g).to(dt),
+        positions=(flat % S).to(it) if S else flat.to(it),
+        slots=(flat // S).to(it) if S else flat.to(it),
+        k_norm_weight=1 + 0.1 * torch.randn(D, generator=g),
+        cos_sin_cache=ref.rope_cos_sin_cache(max_pos, D, 10000.0) if D % 2 == 0 else torch.randn(max_pos, D),
+        eps=1e-6,
+        k_cache=torch.zeros(B, hkv, S, D, dtype=dt),
+        v_cache=torch.zeros(B, hkv, S, D, dtype=dt),
+    )
     return a, dict(N=N, B=B, Hkv=hkv, D=D, S=S, max_pos=max_pos, dtype=dt)
 
 
@@ -178,9 +193,17 @@ def build_conv(b):
     dt = DTYPES[b["dtype"]]
     lead = (2,) if b["lead"] else ()
     n = rows * (2 if b["lead"] else 1)
-    a = dict(x=torch.randn(*lead, rows, C, generator=g).to(dt), base=torch.randn(2, C, generator=g).to(dt),
-             delta=None, block_size=b["block_size"], cu_blocks=None, residual=None, delta_weight=None,
-             norm_weight=None, norm_eps=1e-6)
+    a = dict(
+        x=torch.randn(*lead, rows, C, generator=g).to(dt),
+        base=torch.randn(2, C, generator=g).to(dt),
+        delta=None,
+        block_size=b["block_size"],
+        cu_blocks=None,
+        residual=None,
+        delta_weight=None,
+        norm_weight=None,
+        norm_eps=1e-6,
+    )
     if b["taps"] == "delta":
         a["delta"] = (0.3 * torch.randn(*lead, rows, 2, groups, generator=g)).to(dt)
     else:
@@ -213,18 +236,26 @@ def build_path(b):
     dt = DTYPES[b["dtype"]]
     it = idx_dtype(b)
     if V > 0 and K > 0:
-        cand = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(R * P)] or
-                           [torch.zeros(K, dtype=torch.int64)])[: R * P]
+        cand = torch.stack(
+            [torch.randperm(V, generator=g)[:K] for _ in range(R * P)] or [torch.zeros(K, dtype=torch.int64)]
+        )[: R * P]
     else:
         cand = torch.zeros(R * P, K, dtype=torch.int64)
     temps = (list(b["temps"]) + [1.0] * R)[:R]
-    a = dict(cand_ids=cand.reshape(R, P, K).to(it), unary=torch.randn(R, P, K, generator=g),
-             a_emb=torch.randn(V, r, generator=g).to(dt), b_emb=torch.randn(V, r, generator=g).to(dt), g=None,
-             anchor=torch.randint(0, max(V, 1), (R,), generator=g).to(it), mode=b["mode"],
-             temperature=torch.tensor(temps, dtype=torch.float32),
-             seeds=torch.arange(R, dtype=torch.int64) + b["seed"] % 1000,
-             offsets=torch.full((R,), 5, dtype=torch.int64),
-             hidden=None, g_weight=None)
+    a = dict(
+        cand_ids=cand.reshape(R, P, K).to(it),
+        unary=torch.randn(R, P, K, generator=g),
+        a_emb=torch.randn(V, r, generator=g).to(dt),
+        b_emb=torch.randn(V, r, generator=g).to(dt),
+        g=None,
+        anchor=torch.randint(0, max(V, 1), (R,), generator=g).to(it),
+        mode=b["mode"],
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        seeds=torch.arange(R, dtype=torch.int64) + b["seed"] % 1000,
+        offsets=torch.full((R,), 5, dtype=torch.int64),
+        hidden=None,
+        g_weight=None,
+    )
     if b["fused_g"]:
         a["hidden"] = torch.randn(R, P, b["Dh"], generator=g).to(dt)
         a["g_weight"] = (0.3 * torch.randn(r, b["Dh"], generator=g)).to(dt)
@@ -242,19 +273,31 @@ def build_markov(b):
         return (torch.randn(*s, generator=g) * scale).to(dt)
 
     temps = (list(b["temps"]) + [1.0] * B)[:B]
-    a = dict(base_logits=rnd(B, V, scale=2.0),
-             prev_tokens=torch.randint(0, max(V, 1), (B,), generator=g).to(idx_dtype(b)),
-             w1=rnd(V, r, scale=0.5), w2=rnd(V, r, scale=0.5), hidden=rnd(B, H), conf_w=rnd(H + r, scale=0.3),
-             conf_b=torch.tensor([0.1]), temperature=torch.tensor(temps, dtype=torch.float32),
-             seeds=torch.arange(B, dtype=torch.int64) * 31 + b["seed"] % 1000,
-             positions=torch.arange(B, dtype=torch.int64) + 100, bias=rnd(V, scale=0.1) if b["bias"] else None)
+    a = dict(
+        base_logits=rnd(B, V, scale=2.0),
+        prev_tokens=torch.randint(0, max(V, 1), (B,), generator=g).to(idx_dtype(b)),
+        w1=rnd(V, r, scale=0.5),
+        w2=rnd(V, r, scale=0.5),
+        hidden=rnd(B, H),
+        conf_w=rnd(H + r, scale=0.3),
+        conf_b=torch.tensor([0.1]),
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        seeds=torch.arange(B, dtype=torch.int64) * 31 + b["seed"] % 1000,
+        positions=torch.arange(B, dtype=torch.int64) + 100,
+        bias=rnd(V, scale=0.1) if b["bias"] else None,
+    )
     return a, dict(B=B, V=V, r=r, H=H, temps=temps, dtype=dt)
 
 
 BUILDERS = {
-    "verify": build_verify, "verify_out": build_verify_out, "block_diffusion_attention": build_attention,
-    "inject_context_kv": build_inject, "two_tap_conv": build_conv, "topk_select": build_topk,
-    "path_select": build_path, "markov_step": build_markov,
+    "verify": build_verify,
+    "verify_out": build_verify_out,
+    "block_diffusion_attention": build_attention,
+    "inject_context_kv": build_inject,
+    "two_tap_conv": build_conv,
+    "topk_select": build_topk,
+    "path_select": build_path,
+    "markov_step": build_markov,
 }
 
 
@@ -320,6 +363,7 @@ def m_dtype(dt):
             return None
         a[arg] = t.to(dt)
         return a
+
     return f
 
 
@@ -353,10 +397,14 @@ def m_grow(dim):
         if t is None or t.dim() == 0:
             return None
         d = dim % t.dim()
-        extra = t.narrow(d, t.shape[d] - 1, 1) if t.shape[d] > 0 else torch.zeros(
-            t.shape[:d] + (1,) + t.shape[d + 1:], dtype=t.dtype)
+        extra = (
+            t.narrow(d, t.shape[d] - 1, 1)
+            if t.shape[d] > 0
+            else torch.zeros(t.shape[:d] + (1,) + t.shape[d + 1 :], dtype=t.dtype)
+        )
         a[arg] = torch.cat([t, extra], dim=d)
         return a
+
     return f
 
 
@@ -370,6 +418,7 @@ def m_shrink(dim):
             return None
         a[arg] = t.narrow(d, 0, t.shape[d] - 1)
         return a
+
     return f
 
 
@@ -383,7 +432,7 @@ def m_wide(a, m, rng, arg):
     if t is None or t.dim() == 0:
         return None
     buf = torch.full(t.shape[:-1] + (t.shape[-1] + 3,), _garbage(t), dtype=t.dtype)
-    view = buf[..., 1: 1 + t.shape[-1]]
+    view = buf[..., 1 : 1 + t.shape[-1]]
     view.copy_(t)
     a[arg] = view
     m.setdefault("guards", {})[arg] = (buf, buf.clone(), view)
@@ -438,12 +487,14 @@ def m_set_scalar(value):
     def f(a, m, rng, arg):
         a[arg] = value
         return a
+
     return f
 
 
 def m_set_elem(value, where=None, wide=False):
     """Set one element (random, or ``where(a, m, rng)`` giving an index tuple) to value;
     ``wide``: first widen the tensor to int64 so that value fits."""
+
     def f(a, m, rng, arg):
         t = _tensor(a, arg)
         if t is None:
@@ -460,11 +511,16 @@ def m_set_elem(value, where=None, wide=False):
         v = value(t, idx, m) if callable(value) else value
         t[idx] = v
         m["bad_index"] = idx
-        if t.is_floating_point() and t[idx].numel() == 1 and math.isfinite(float(v)) and \
-                not math.isfinite(float(t[idx])):
+        if (
+            t.is_floating_point()
+            and t[idx].numel() == 1
+            and math.isfinite(float(v))
+            and not math.isfinite(float(t[idx]))
+        ):
             m["overflowed"] = True  # e.g. 1e38 in float16 is +inf
         a[arg] = t
         return a
+
     return f
 
 
@@ -475,8 +531,12 @@ def wrapped(t, idx, m):
 # ---------------------------------------------------------------- mutation tables
 
 FLOAT_BAD_DTYPES = [("float64", torch.float64), ("int16", torch.int16), ("bool", torch.bool), ("int32", torch.int32)]
-INDEX_BAD_DTYPES = [("float64", torch.float64), ("int16", torch.int16), ("bool", torch.bool),
-                    ("float32", torch.float32)]
+INDEX_BAD_DTYPES = [
+    ("float64", torch.float64),
+    ("int16", torch.int16),
+    ("bool", torch.bool),
+    ("float32", torch.float32),
+]
 INT64_BAD_DTYPES = [("int32", torch.int32), ("float64", torch.float64), ("bool", torch.bool)]
 
 
@@ -500,9 +560,14 @@ def generic(table, spec, overrides=None, needs=None):
     overrides = overrides or {}
     needs = needs or {}
     for arg, (kind, rank) in spec.items():
-        bad = {"float": FLOAT_BAD_DTYPES, "index": INDEX_BAD_DTYPES, "int64": INT64_BAD_DTYPES,
-               "temp": FLOAT_BAD_DTYPES, "out": [("int64", torch.int64), ("float32", torch.float32)],
-               "fout": FLOAT_BAD_DTYPES}[kind]
+        bad = {
+            "float": FLOAT_BAD_DTYPES,
+            "index": INDEX_BAD_DTYPES,
+            "int64": INT64_BAD_DTYPES,
+            "temp": FLOAT_BAD_DTYPES,
+            "out": [("int64", torch.int64), ("float32", torch.float32)],
+            "fout": FLOAT_BAD_DTYPES,
+        }[kind]
         muts = {f"dtype:{arg}:{name}": (m_dtype(dt), "error") for name, dt in bad}
         if kind == "index":
             muts[f"dtype:{arg}:int32-int64"] = (_flip_index, "ok")
@@ -550,8 +615,15 @@ def add_python_ints(table, arg, values, needs=()):
 
 
 def add_scalar_floats(table, arg, expect_of, needs=()):
-    for label, value in [("nan", float("nan")), ("+inf", float("inf")), ("-inf", float("-inf")), ("-1", -1.0),
-                         ("0", 0.0), ("1e-38", 1e-38), ("1e38", 1e38)]:
+    for label, value in [
+        ("nan", float("nan")),
+        ("+inf", float("inf")),
+        ("-inf", float("-inf")),
+        ("-1", -1.0),
+        ("0", 0.0),
+        ("1e-38", 1e-38),
+        ("1e38", 1e38),
+    ]:
         e = expect_of(label)
         if e is not None:
             add(table, f"scalar:{arg}:{label}", arg, m_set_scalar(value), e, needs)
@@ -559,8 +631,10 @@ def add_scalar_floats(table, arg, expect_of, needs=()):
 
 def add_empty(table, arg, label, changes, expect, needs=()):
     """A zero-size dimension: the base is rebuilt with the sizes in ``changes``."""
+
     def change(b, c=changes):
         b.update(c(b) if callable(c) else c)
+
     table[f"empty:{label}"] = Mutation(arg, lambda a, m, rng: a, expect, tuple(needs) + (change,))
 
 
@@ -604,11 +678,13 @@ def _logit_at(value, whole_row=False):
         elif m.get("overflowed"):
             m["expect"] = "error"  # 1e38 stored as +inf in float16
         return out
+
     return f
 
 
 def _q_of_first_draft(value):
     """Set q(draft) of the first draft of a sampled request (dense or sparse q)."""
+
     def f(a, m, rng):
         bs = [b for b in range(m["B"]) if m["temps"][b] >= GREEDY_FLOOR and m["n"][b] > 0]
         if not bs:
@@ -625,12 +701,14 @@ def _q_of_first_draft(value):
             t[row, col] = value
         a["draft_probs"] = t
         return a
+
     return f
 
 
 def _q_of_other_id(value):
     """Set q at another id of the first draft row of a sampled request: read only if that draft is
     rejected (the residual row), so the call must fail exactly when the walk rejects it."""
+
     def f(a, m, rng):
         bs = [b for b in range(m["B"]) if m["temps"][b] >= GREEDY_FLOOR and m["n"][b] > 0]
         if not bs:
@@ -648,6 +726,7 @@ def _q_of_other_id(value):
         m["bad_request"] = b
         m["q_row_read_fails"] = b
         return a
+
     return f
 
 
@@ -688,17 +767,26 @@ def _cu_change(kind):
             cu[-1] += BIG
         a["cu_num_draft"] = cu
         return a
+
     return f
 
 
 def verify_mutations(out_variant=False):
     t = {}
-    spec = dict(target_logits=("float", 2), draft_tokens=("index", 1), cu_num_draft=("index", 1),
-                temperature=("temp", 1), seeds=("int64", 1), offsets=("int64", 1), draft_probs=("float", 2),
-                draft_probs_ids=("index", 2))
+    spec = dict(
+        target_logits=("float", 2),
+        draft_tokens=("index", 1),
+        cu_num_draft=("index", 1),
+        temperature=("temp", 1),
+        seeds=("int64", 1),
+        offsets=("int64", 1),
+        draft_probs=("float", 2),
+        draft_probs_ids=("index", 2),
+    )
     ov = {
         # one more / one less vocabulary column: valid unless a dense q or a draft pins V
-        "shape:target_logits:grow-1": "either", "shape:target_logits:shrink-1": "either",
+        "shape:target_logits:grow-1": "either",
+        "shape:target_logits:shrink-1": "either",
         "stride:cu_num_draft:expand": ("error", ("drafts",)),  # cu all equal to cu[0]: sums to 0 != T
         "stride:draft_probs_ids:expand": "either",  # drafts may fall outside the listed ids (q(draft) = 0)
         "stride:draft_tokens:expand": None,  # see below
@@ -715,34 +803,71 @@ def verify_mutations(out_variant=False):
         add(t, f"value:cu_num_draft:{kind}", "cu_num_draft", _cu_change(kind), "error", ("drafts", "B2"))
     add(t, "value:seeds:-1", "seeds", m_set_elem(-1), "ok")
     add(t, "value:offsets:-1", "offsets", m_set_elem(-1), "ok")
-    add(t, "value:offsets:2**40", "offsets", m_set_elem(2 ** 40), "ok")
+    add(t, "value:offsets:2**40", "offsets", m_set_elem(2**40), "ok")
     add_temperature(t)
     # logits: NaN / +inf are errors in a row the walk reads, -inf is a mask, any finite magnitude is fine
-    for label, value, expect in [("nan", float("nan"), "error"), ("+inf", float("inf"), "error"),
-                                 ("-inf", float("-inf"), "ok"), ("1e38", 1e38, "ok"), ("-1e38", -1e38, "ok")]:
+    for label, value, expect in [
+        ("nan", float("nan"), "error"),
+        ("+inf", float("inf"), "error"),
+        ("-inf", float("-inf"), "ok"),
+        ("1e38", 1e38, "ok"),
+        ("-1e38", -1e38, "ok"),
+    ]:
         add(t, f"nonfinite:target_logits:{label}", "target_logits", _logit_at(value), expect)
     add(t, "nonfinite:target_logits:-inf-row", "target_logits", _logit_at(float("-inf"), whole_row=True), "error")
     add(t, "nonfinite:target_logits:nan-row", "target_logits", _logit_at(float("nan"), whole_row=True), "error")
     # q(draft) of a sampled request outside [0, 1] or non-finite
     for q_mode in ["dense", "sparse"]:
-        for label, value in [("nan", float("nan")), ("+inf", float("inf")), ("-inf", float("-inf")),
-                             ("1e38", 1e38), ("-0.5", -0.5), ("1.5", 1.5)]:
+        for label, value in [
+            ("nan", float("nan")),
+            ("+inf", float("inf")),
+            ("-inf", float("-inf")),
+            ("1e38", 1e38),
+            ("-0.5", -0.5),
+            ("1.5", 1.5),
+        ]:
             cls = "value" if label in ("-0.5", "1.5") else "nonfinite"
-            add(t, f"{cls}:draft_probs:{label}-{q_mode}", "draft_probs", _q_of_first_draft(value), "error",
-                ("drafts", "sampled", q_mode), takes_arg=False)
+            add(
+                t,
+                f"{cls}:draft_probs:{label}-{q_mode}",
+                "draft_probs",
+                _q_of_first_draft(value),
+                "error",
+                ("drafts", "sampled", q_mode),
+                takes_arg=False,
+            )
         for label, value in [("nan", float("nan")), ("-0.5", -0.5), ("1.5", 1.5)]:
             cls = "value" if label != "nan" else "nonfinite"
-            add(t, f"{cls}:draft_probs:{label}-residual-row-{q_mode}", "draft_probs", _q_of_other_id(value), "either",
-                ("drafts", "sampled", q_mode, "V2", "K2"), takes_arg=False)
+            add(
+                t,
+                f"{cls}:draft_probs:{label}-residual-row-{q_mode}",
+                "draft_probs",
+                _q_of_other_id(value),
+                "either",
+                ("drafts", "sampled", q_mode, "V2", "K2"),
+                takes_arg=False,
+            )
     # python ints (verify_out: with out_tokens of the matching width where one can be allocated)
-    for label, value, expect in [("-1", lambda a, m: -1, "error"), ("2**31", lambda a, m: 2 ** 31, "error"),
-                                 ("2**32+3", lambda a, m: 2 ** 32 + 3, "error"), ("4097", lambda a, m: 4097, "error"),
-                                 ("2**63-1", lambda a, m: 2 ** 63 - 1, "error"), ("4096", lambda a, m: 4096, "ok"),
-                                 ("below-max-n", lambda a, m: max(m["n"]) - 1, "error"),
-                                 ("above", lambda a, m: a["max_spec_len"] + 5, "ok"),
-                                 ("0", _zero_spec_len, "error")]:
-        add(t, f"size:max_spec_len:{label}", "max_spec_len", _max_spec_len(value, out_variant), expect,
-            ("drafts",) if label == "below-max-n" else (), takes_arg=False)
+    for label, value, expect in [
+        ("-1", lambda a, m: -1, "error"),
+        ("2**31", lambda a, m: 2**31, "error"),
+        ("2**32+3", lambda a, m: 2**32 + 3, "error"),
+        ("4097", lambda a, m: 4097, "error"),
+        ("2**63-1", lambda a, m: 2**63 - 1, "error"),
+        ("4096", lambda a, m: 4096, "ok"),
+        ("below-max-n", lambda a, m: max(m["n"]) - 1, "error"),
+        ("above", lambda a, m: a["max_spec_len"] + 5, "ok"),
+        ("0", _zero_spec_len, "error"),
+    ]:
+        add(
+            t,
+            f"size:max_spec_len:{label}",
+            "max_spec_len",
+            _max_spec_len(value, out_variant),
+            expect,
+            ("drafts",) if label == "below-max-n" else (),
+            takes_arg=False,
+        )
     # empty dims
     add_empty(t, "cu_num_draft", "requests=0", {"num_draft": []}, "ok")
     add_empty(t, "draft_tokens", "drafts=0", lambda b: {"num_draft": [0] * len(b["num_draft"])}, "ok")
@@ -751,22 +876,53 @@ def verify_mutations(out_variant=False):
     add(t, "alias:offsets:seeds", "offsets", lambda a, m, rng: dict(a, offsets=a["seeds"]), "ok", takes_arg=False)
     if out_variant:
         # documented as contiguous: a strided out may be rejected, or written through the view
-        generic(t, dict(out_tokens=("out", 2), out_num_accepted=("out", 1)),
-                {"stride:out_num_accepted:wide": "ok", "stride:out_tokens:wide": "either",
-                 "stride:out_tokens:step": "either", "stride:out_tokens:transposed": "either",
-                 "stride:out_num_accepted:step": "either"})
-        add(t, "size:max_spec_len:out-width-mismatch", "out_tokens",
-            lambda a, m, rng: dict(a, max_spec_len=a["max_spec_len"] + 1), "error", takes_arg=False)
-        add(t, "alias:out_num_accepted:out_tokens", "out_num_accepted",
-            lambda a, m, rng: dict(a, out_num_accepted=a["out_tokens"].view(-1)[: m["B"]]), "error", takes_arg=False)
-        add(t, "alias:out_tokens:out_num_accepted", "out_tokens", _alias_out_tokens_over_acc, "error",
-            takes_arg=False)
-        add(t, "alias:out_tokens:target_logits", "out_tokens", _alias_out_over_logits, "error", ("f32",),
-            takes_arg=False)
-        add(t, "alias:out_tokens:draft_tokens", "out_tokens", _alias_out_over_drafts, "error", ("drafts",),
-            takes_arg=False)
-        add(t, "alias:out_num_accepted:cu_num_draft", "out_num_accepted", _alias_acc_over_cu, "error",
-            takes_arg=False)
+        generic(
+            t,
+            dict(out_tokens=("out", 2), out_num_accepted=("out", 1)),
+            {
+                "stride:out_num_accepted:wide": "ok",
+                "stride:out_tokens:wide": "either",
+                "stride:out_tokens:step": "either",
+                "stride:out_tokens:transposed": "either",
+                "stride:out_num_accepted:step": "either",
+            },
+        )
+        add(
+            t,
+            "size:max_spec_len:out-width-mismatch",
+            "out_tokens",
+            lambda a, m, rng: dict(a, max_spec_len=a["max_spec_len"] + 1),
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_num_accepted:out_tokens",
+            "out_num_accepted",
+            lambda a, m, rng: dict(a, out_num_accepted=a["out_tokens"].view(-1)[: m["B"]]),
+            "error",
+            takes_arg=False,
+        )
+        add(t, "alias:out_tokens:out_num_accepted", "out_tokens", _alias_out_tokens_over_acc, "error", takes_arg=False)
+        add(
+            t,
+            "alias:out_tokens:target_logits",
+            "out_tokens",
+            _alias_out_over_logits,
+            "error",
+            ("f32",),
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_tokens:draft_tokens",
+            "out_tokens",
+            _alias_out_over_drafts,
+            "error",
+            ("drafts",),
+            takes_arg=False,
+        )
+        add(t, "alias:out_num_accepted:cu_num_draft", "out_num_accepted", _alias_acc_over_cu, "error", takes_arg=False)
         add(t, "alias:out_tokens:disjoint-views-of-one-buffer", "out_tokens", _disjoint_outs, "ok", takes_arg=False)
     return t
 
@@ -784,6 +940,7 @@ def _max_spec_len(value, out_variant):
         if out_variant and 0 <= a["max_spec_len"] <= 2 * 4096:
             a["out_tokens"] = torch.full((m["B"], a["max_spec_len"] + 1), 123, dtype=torch.int32)
         return a
+
     return f
 
 
@@ -791,7 +948,7 @@ def _alias_out_tokens_over_acc(a, m, rng):
     B, W = m["B"], a["max_spec_len"] + 1
     buf = torch.full((B * W + B,), 5, dtype=torch.int32)
     a["out_tokens"] = buf[: B * W].view(B, W)
-    a["out_num_accepted"] = buf[B * W - B: B * W] if B else buf[:0]
+    a["out_num_accepted"] = buf[B * W - B : B * W] if B else buf[:0]
     if B == 0:
         return None
     return a
@@ -802,7 +959,7 @@ def _disjoint_outs(a, m, rng):
     B, W = m["B"], a["max_spec_len"] + 1
     buf = torch.full((B * W + B,), 5, dtype=torch.int32)
     a["out_tokens"] = buf[: B * W].view(B, W)
-    a["out_num_accepted"] = buf[B * W:]
+    a["out_num_accepted"] = buf[B * W :]
     return a
 
 
@@ -851,6 +1008,7 @@ def _unread_cache(value):
             return None
         b = rng.choice(bs)
         return b, rng.randrange(m["Hkv"]), rng.randrange(m["ctx"][b], m["S"]), rng.randrange(m["D"])
+
     return m_set_elem(value, where)
 
 
@@ -861,13 +1019,20 @@ def _read_cache(value):
             return None
         b = rng.choice(bs)
         return b, rng.randrange(m["Hkv"]), rng.randrange(m["ctx"][b]), rng.randrange(m["D"])
+
     return m_set_elem(value, where)
 
 
 def attention_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    spec = dict(q=("float", 4), k_cache=("float", 4), v_cache=("float", 4), ctx_lens=("index", 1),
-                k_block=("float", 4), v_block=("float", 4))
+    spec = dict(
+        q=("float", 4),
+        k_cache=("float", 4),
+        v_cache=("float", 4),
+        ctx_lens=("index", 1),
+        k_block=("float", 4),
+        v_block=("float", 4),
+    )
     # the docs ask for a dense head dim; a column-major view may be copied or rejected
     ov = {f"stride:{n}:transposed": "either" for n in ["q", "k_cache", "v_cache", "k_block", "v_block"]}
     generic(t, spec, ov)
@@ -884,8 +1049,9 @@ def attention_mutations():
         for label in ["nan", "+inf"]:
             add(t, f"nonfinite:{n}:{label}-read", n, _read_cache(NONFINITE[label]), "either", ("ctx1",))
             add(t, f"nonfinite:{n}:{label}-unread", n, _unread_cache(NONFINITE[label]), "ok", ("unread",))
-    add_scalar_floats(t, "scale", lambda label: {"nan": "error", "+inf": "error", "-inf": "error",
-                                                  "1e38": "either"}.get(label, "ok"))
+    add_scalar_floats(
+        t, "scale", lambda label: {"nan": "error", "+inf": "error", "-inf": "error", "1e38": "either"}.get(label, "ok")
+    )
     add_empty(t, "q", "requests=0", {"B": 0}, "ok")
     add_empty(t, "q", "block=0", {"G": 0}, "ok")
     add_empty(t, "ctx_lens", "context=0", lambda b: {"ctx": [0, 0, 0], "S_extra": 1}, "ok")
@@ -927,6 +1093,7 @@ def _alias_inject(kind):
             buf = torch.zeros((2,) + tuple(a["k_cache"].shape), dtype=a["k_cache"].dtype)
             a["k_cache"], a["v_cache"] = buf[0], buf[1]
         return a
+
     return f
 
 
@@ -940,18 +1107,36 @@ def _unread_cos_sin(a, m, rng, arg):
 
 def inject_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    spec = dict(k=("float", 3), v=("float", 3), positions=("index", 1), slots=("index", 1),
-                k_norm_weight=("float", 1), cos_sin_cache=("float", 2))
-    ov = {"shape:cos_sin_cache:grow0": "ok", "shape:cos_sin_cache:shrink0": "either",
-          # expanded positions / slots repeat a (slot, position) pair: a documented race
-          "stride:positions:expand": None, "stride:slots:expand": None}
+    spec = dict(
+        k=("float", 3),
+        v=("float", 3),
+        positions=("index", 1),
+        slots=("index", 1),
+        k_norm_weight=("float", 1),
+        cos_sin_cache=("float", 2),
+    )
+    ov = {
+        "shape:cos_sin_cache:grow0": "ok",
+        "shape:cos_sin_cache:shrink0": "either",
+        # expanded positions / slots repeat a (slot, position) pair: a documented race
+        "stride:positions:expand": None,
+        "stride:slots:expand": None,
+    }
     generic(t, spec, ov)
     # caches: a padded head dim (D still dense) and a strided batch dim are like one layer of a bigger cache
-    generic(t, dict(k_cache=("fout", 4), v_cache=("fout", 4)),
-            {"stride:k_cache:wide": "ok", "stride:v_cache:wide": "ok", "stride:k_cache:step": "ok",
-             "stride:v_cache:step": "ok",
-             # documented "D dense": a column-major cache may be rejected, or written through the view
-             "stride:k_cache:transposed": "either", "stride:v_cache:transposed": "either"})
+    generic(
+        t,
+        dict(k_cache=("fout", 4), v_cache=("fout", 4)),
+        {
+            "stride:k_cache:wide": "ok",
+            "stride:v_cache:wide": "ok",
+            "stride:k_cache:step": "ok",
+            "stride:v_cache:step": "ok",
+            # documented "D dense": a column-major cache may be rejected, or written through the view
+            "stride:k_cache:transposed": "either",
+            "stride:v_cache:transposed": "either",
+        },
+    )
     for n in ["k", "v", "k_cache", "v_cache"]:
         add(t, f"dtype:{n}:other-float", n, m_other_float, "error")
     add_index_values(t, "positions", lambda m: m["S"], low=-1)
@@ -959,18 +1144,46 @@ def inject_mutations():
     for n in ["k", "v", "k_norm_weight"]:
         for label in ["nan", "+inf", "1e38"]:
             add(t, f"nonfinite:{n}:{label}", n, m_set_elem(NONFINITE[label]), "either")
-    add(t, "nonfinite:cos_sin_cache:nan-unread", "cos_sin_cache", _unread_cos_sin, "ok",
-        (lambda b: b.update(pos_extra=max(1, b["pos_extra"])),))
-    add_scalar_floats(t, "eps", lambda label: {"nan": "error", "+inf": "error", "-inf": "error", "-1": "error",
-                                            "1e38": "either"}.get(label, "ok"))
+    add(
+        t,
+        "nonfinite:cos_sin_cache:nan-unread",
+        "cos_sin_cache",
+        _unread_cos_sin,
+        "ok",
+        (lambda b: b.update(pos_extra=max(1, b["pos_extra"])),),
+    )
+    add_scalar_floats(
+        t,
+        "eps",
+        lambda label: {"nan": "error", "+inf": "error", "-inf": "error", "-1": "error", "1e38": "either"}.get(
+            label, "ok"
+        ),
+    )
     add_empty(t, "k", "tokens=0", {"N": 0}, "ok")
     add_empty(t, "k", "head_dim=0", {"D": 0}, "error")
-    for kind, expect in [("v_cache=k_cache", "error"), ("k-in-k_cache", "error"), ("v-in-v_cache", "error"),
-                         ("weight-in-k_cache", "error"), ("adjacent", "ok")]:
-        arg = {"v_cache=k_cache": "v_cache", "k-in-k_cache": "k", "v-in-v_cache": "v",
-               "weight-in-k_cache": "k_norm_weight", "adjacent": "v_cache"}[kind]
-        add(t, f"alias:{arg}:{kind}", arg, _alias_inject(kind), expect, ("f32",) if "weight" in kind else (),
-            takes_arg=False)
+    for kind, expect in [
+        ("v_cache=k_cache", "error"),
+        ("k-in-k_cache", "error"),
+        ("v-in-v_cache", "error"),
+        ("weight-in-k_cache", "error"),
+        ("adjacent", "ok"),
+    ]:
+        arg = {
+            "v_cache=k_cache": "v_cache",
+            "k-in-k_cache": "k",
+            "v-in-v_cache": "v",
+            "weight-in-k_cache": "k_norm_weight",
+            "adjacent": "v_cache",
+        }[kind]
+        add(
+            t,
+            f"alias:{arg}:{kind}",
+            arg,
+            _alias_inject(kind),
+            expect,
+            ("f32",) if "weight" in kind else (),
+            takes_arg=False,
+        )
     return t
 
 
@@ -979,6 +1192,7 @@ def inject_mutations():
 
 def _conv_rows(change):
     """One row more / less in x: valid unless delta, residual or cu_blocks pin the rows."""
+
     def f(a, m, rng, arg):
         a = change(a, m, rng, arg)
         if a is None:
@@ -986,6 +1200,7 @@ def _conv_rows(change):
         valid = a["delta"] is None and a["residual"] is None and a["cu_blocks"] is None
         m["expect"] = "ok" if valid else "error"
         return a
+
     return f
 
 
@@ -998,15 +1213,35 @@ def _cu_blocks_shrink(a, m, rng, arg):
 
 def conv_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    spec = dict(x=("float", 2), base=("float", 2), delta=("float", 3), cu_blocks=("index", 1),
-                residual=("float", 2), delta_weight=("float", 2), norm_weight=("float", 1))
-    ov = {"rank:x:unsqueeze": "either", "rank:x:drop": "either", "rank:delta:unsqueeze": "either",
-          "rank:residual:unsqueeze": "either", "rank:delta:drop": "either", "rank:residual:drop": "either",
-          "shape:x:grow0": None, "shape:x:shrink0": None,  # rows: see shape:x:grow-rows / shrink-rows
-          "shape:cu_blocks:grow0": "ok",  # one more empty block at the end
-          "shape:cu_blocks:shrink0": None, "stride:cu_blocks:expand": "error"}
-    needs = {"delta": ("taps_delta",), "delta_weight": ("taps_weight",), "cu_blocks": ("ragged",),
-             "residual": ("residual",), "norm_weight": ("norm",)}
+    spec = dict(
+        x=("float", 2),
+        base=("float", 2),
+        delta=("float", 3),
+        cu_blocks=("index", 1),
+        residual=("float", 2),
+        delta_weight=("float", 2),
+        norm_weight=("float", 1),
+    )
+    ov = {
+        "rank:x:unsqueeze": "either",
+        "rank:x:drop": "either",
+        "rank:delta:unsqueeze": "either",
+        "rank:residual:unsqueeze": "either",
+        "rank:delta:drop": "either",
+        "rank:residual:drop": "either",
+        "shape:x:grow0": None,
+        "shape:x:shrink0": None,  # rows: see shape:x:grow-rows / shrink-rows
+        "shape:cu_blocks:grow0": "ok",  # one more empty block at the end
+        "shape:cu_blocks:shrink0": None,
+        "stride:cu_blocks:expand": "error",
+    }
+    needs = {
+        "delta": ("taps_delta",),
+        "delta_weight": ("taps_weight",),
+        "cu_blocks": ("ragged",),
+        "residual": ("residual",),
+        "norm_weight": ("norm",),
+    }
     generic(t, spec, ov, needs)
     add(t, "shape:x:grow-rows", "x", _conv_rows(m_grow(-2)), "error")
     add(t, "shape:x:shrink-rows", "x", _conv_rows(m_shrink(-2)), "error")
@@ -1014,18 +1249,39 @@ def conv_mutations():
     for n, nd in [("base", ()), ("delta_weight", ("taps_weight",)), ("norm_weight", ("norm",))]:
         add(t, f"dtype:{n}:other-float", n, m_other_float, "error" if n != "base" else "either", nd)
     for kind in ["decreasing", "first", "last", "wrap"]:
-        add(t, f"value:cu_blocks:{kind}", "cu_blocks", _cu_blocks_change(kind), "error", ("ragged",),
-            takes_arg=False)
-    for n, nd in [("x", ()), ("base", ()), ("delta", ("taps_delta",)), ("residual", ("residual",)),
-                  ("delta_weight", ("taps_weight",)), ("norm_weight", ("norm",))]:
+        add(t, f"value:cu_blocks:{kind}", "cu_blocks", _cu_blocks_change(kind), "error", ("ragged",), takes_arg=False)
+    for n, nd in [
+        ("x", ()),
+        ("base", ()),
+        ("delta", ("taps_delta",)),
+        ("residual", ("residual",)),
+        ("delta_weight", ("taps_weight",)),
+        ("norm_weight", ("norm",)),
+    ]:
         for label in ["nan", "+inf", "1e38"]:
             add(t, f"nonfinite:{n}:{label}", n, m_set_elem(NONFINITE[label]), "either", nd)
-    add_python_ints(t, "block_size", [("0", 0, "error"), ("-1", -1, "error"), ("1", 1, "ok"),
-                                      ("2**31", 2 ** 31, "either"), ("2**32+3", 2 ** 32 + 3, "either"),
-                                      ("2**63-1", 2 ** 63 - 1, "either")], ("fixed",))
+    add_python_ints(
+        t,
+        "block_size",
+        [
+            ("0", 0, "error"),
+            ("-1", -1, "error"),
+            ("1", 1, "ok"),
+            ("2**31", 2**31, "either"),
+            ("2**32+3", 2**32 + 3, "either"),
+            ("2**63-1", 2**63 - 1, "either"),
+        ],
+        ("fixed",),
+    )
     add_python_ints(t, "block_size", [("-1-with-cu_blocks", -1, "either")], ("ragged",))
-    add_scalar_floats(t, "norm_eps", lambda label: {"nan": "error", "+inf": "error", "-inf": "error", "-1": "error",
-                                                 "1e38": "either"}.get(label, "ok"), ("norm",))
+    add_scalar_floats(
+        t,
+        "norm_eps",
+        lambda label: {"nan": "error", "+inf": "error", "-inf": "error", "-1": "error", "1e38": "either"}.get(
+            label, "ok"
+        ),
+        ("norm",),
+    )
     add(t, "scalar:norm_eps:nan-without-norm", "norm_eps", m_set_scalar(float("nan")), "either")
     add_empty(t, "x", "rows=0", {"rows": 0}, "ok")
     add_empty(t, "x", "channels=0", {"C": 0}, "error")
@@ -1049,6 +1305,7 @@ def _cu_blocks_change(kind):
             cu[-1] += BIG
         a["cu_blocks"] = cu
         return a
+
     return f
 
 
@@ -1062,25 +1319,49 @@ def _topk_row(value):
             return None
         lead = tuple(rng.randrange(s) for s in t.shape[:-1])
         return lead + (slice(None),)
+
     return m_set_elem(value, where)
 
 
 def topk_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    generic(t, dict(logits=("float", 2)), {"rank:logits:unsqueeze": "ok", "rank:logits:drop": "ok",
-                                      "shape:logits:grow0": "ok", "shape:logits:shrink0": "ok",
-                                      "shape:logits:grow-1": "ok"})
-    add(t, "shape:logits:shrink-1", "logits",
-        lambda a, m, rng, arg: _topk_shrink_vocab(a, m, rng, arg), "ok")
-    add(t, "rank:logits:scalar", "logits", lambda a, m, rng, arg: dict(a, logits=a["logits"].reshape(-1)[0]) if
-        a["logits"].numel() else None, "error")
+    generic(
+        t,
+        dict(logits=("float", 2)),
+        {
+            "rank:logits:unsqueeze": "ok",
+            "rank:logits:drop": "ok",
+            "shape:logits:grow0": "ok",
+            "shape:logits:shrink0": "ok",
+            "shape:logits:grow-1": "ok",
+        },
+    )
+    add(t, "shape:logits:shrink-1", "logits", lambda a, m, rng, arg: _topk_shrink_vocab(a, m, rng, arg), "ok")
+    add(
+        t,
+        "rank:logits:scalar",
+        "logits",
+        lambda a, m, rng, arg: dict(a, logits=a["logits"].reshape(-1)[0]) if a["logits"].numel() else None,
+        "error",
+    )
     for label, value in NONFINITE.items():
         add(t, f"nonfinite:logits:{label}", "logits", m_set_elem(value), "ok")
     add(t, "nonfinite:logits:nan-row", "logits", _topk_row(float("nan")), "ok")
     add(t, "nonfinite:logits:-inf-row", "logits", _topk_row(float("-inf")), "ok")
     add(t, "nonfinite:logits:+inf-row", "logits", _topk_row(float("inf")), "ok")
-    add_python_ints(t, "k", [("0", 0, "error"), ("-1", -1, "error"), ("17", 17, "error"), ("2**31", 2 ** 31, "error"),
-                             ("2**32+3", 2 ** 32 + 3, "error"), ("2**63-1", 2 ** 63 - 1, "error"), ("1", 1, "ok")])
+    add_python_ints(
+        t,
+        "k",
+        [
+            ("0", 0, "error"),
+            ("-1", -1, "error"),
+            ("17", 17, "error"),
+            ("2**31", 2**31, "error"),
+            ("2**32+3", 2**32 + 3, "error"),
+            ("2**63-1", 2**63 - 1, "error"),
+            ("1", 1, "ok"),
+        ],
+    )
     add(t, "size:k:V+1", "k", lambda a, m, rng: dict(a, k=m["V"] + 1), "error", takes_arg=False)
     add(t, "size:k:min(16,V)", "k", lambda a, m, rng: dict(a, k=min(16, m["V"])), "ok", takes_arg=False)
     add_empty(t, "logits", "rows=0", {"rows": 0}, "ok")
@@ -1111,14 +1392,25 @@ def _path_dead_row(value):
         a["unary"] = u
         m["dead_row"] = (r, p)
         return a
+
     return f
 
 
 def path_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    spec = dict(cand_ids=("index", 3), unary=("float", 3), a_emb=("float", 2), b_emb=("float", 2), g=("float", 3),
-                anchor=("index", 1), temperature=("temp", 1), seeds=("int64", 1), offsets=("int64", 1),
-                hidden=("float", 3), g_weight=("float", 2))
+    spec = dict(
+        cand_ids=("index", 3),
+        unary=("float", 3),
+        a_emb=("float", 2),
+        b_emb=("float", 2),
+        g=("float", 3),
+        anchor=("index", 1),
+        temperature=("temp", 1),
+        seeds=("int64", 1),
+        offsets=("int64", 1),
+        hidden=("float", 3),
+        g_weight=("float", 2),
+    )
     ov = {}
     needs = {"g": ("plain_g",), "hidden": ("fused_g",), "g_weight": ("fused_g",)}
     generic(t, spec, ov, needs)
@@ -1127,8 +1419,14 @@ def path_mutations():
     add(t, "dtype:unary:bfloat16", "unary", m_dtype(torch.bfloat16), "either")
     add_index_values(t, "cand_ids", lambda m: m["V"])
     add_index_values(t, "anchor", lambda m: m["V"])
-    add(t, "value:cand_ids:duplicate", "cand_ids",
-        lambda a, m, rng, arg: _dup_cand(a, m, rng), "either", (lambda b: b.update(K=max(b["K"], 2)),))
+    add(
+        t,
+        "value:cand_ids:duplicate",
+        "cand_ids",
+        lambda a, m, rng, arg: _dup_cand(a, m, rng),
+        "either",
+        (lambda b: b.update(K=max(b["K"], 2)),),
+    )
     add_temperature(t, needs=("sample",))
     add(t, "nonfinite:temperature:nan-any-mode", "temperature", m_set_elem(float("nan")), "either")
     for n in ["unary", "a_emb", "b_emb"]:
@@ -1139,11 +1437,24 @@ def path_mutations():
     add(t, "nonfinite:unary:-inf-row-sample", "unary", _path_dead_row(float("-inf")), "ok", ("sample",))
     for label, value in [("viterbi", "viterbi"), ("empty", ""), ("GREEDY", "GREEDY")]:
         add(t, f"scalar:mode:{label}", "mode", m_set_scalar(value), "error")
-    add(t, "optional:g:none-without-hidden", "g", lambda a, m, rng: dict(a, g=None), "error", ("plain_g",),
-        takes_arg=False)
-    add(t, "optional:g:both-g-and-hidden", "g",
-        lambda a, m, rng: dict(a, g=torch.zeros(m["R"], m["P"], m["r"], dtype=m["dtype"])), "error", ("fused_g",),
-        takes_arg=False)
+    add(
+        t,
+        "optional:g:none-without-hidden",
+        "g",
+        lambda a, m, rng: dict(a, g=None),
+        "error",
+        ("plain_g",),
+        takes_arg=False,
+    )
+    add(
+        t,
+        "optional:g:both-g-and-hidden",
+        "g",
+        lambda a, m, rng: dict(a, g=torch.zeros(m["R"], m["P"], m["r"], dtype=m["dtype"])),
+        "error",
+        ("fused_g",),
+        takes_arg=False,
+    )
     add_empty(t, "cand_ids", "requests=0", {"R": 0}, "ok")
     add_empty(t, "cand_ids", "positions=0", {"P": 0}, "ok")
     add_empty(t, "cand_ids", "K=0", {"K": 0}, "error")
@@ -1185,14 +1496,25 @@ def _markov_dead_row(value, arg):
             m["conf_unknown"] = True
         m["dead_row"] = b
         return a
+
     return f
 
 
 def markov_mutations():
     t = {"valid": Mutation("", lambda a, m, rng: a, "ok")}
-    spec = dict(base_logits=("float", 2), prev_tokens=("index", 1), w1=("float", 2), w2=("float", 2),
-                hidden=("float", 2), conf_w=("float", 1), conf_b=("float", 1), temperature=("temp", 1),
-                seeds=("int64", 1), positions=("int64", 1), bias=("float", 1))
+    spec = dict(
+        base_logits=("float", 2),
+        prev_tokens=("index", 1),
+        w1=("float", 2),
+        w2=("float", 2),
+        hidden=("float", 2),
+        conf_w=("float", 1),
+        conf_b=("float", 1),
+        temperature=("temp", 1),
+        seeds=("int64", 1),
+        positions=("int64", 1),
+        bias=("float", 1),
+    )
     ov = {"rank:conf_b:drop": "either"}
     generic(t, spec, ov, {"bias": ("bias",)})
     for n in ["w1", "w2"]:
@@ -1204,10 +1526,22 @@ def markov_mutations():
     for n, nd in [("base_logits", ()), ("w2", ()), ("bias", ("bias",))]:
         for label in ["nan", "+inf", "-inf", "1e38"]:
             add(t, f"nonfinite:{n}:{label}", n, m_set_elem(NONFINITE[label]), "ok", nd)
-    add(t, "nonfinite:base_logits:nan-row", "base_logits", _markov_dead_row(float("nan"), "base_logits"), "ok",
-        takes_arg=False)
-    add(t, "nonfinite:base_logits:-inf-row", "base_logits", _markov_dead_row(float("-inf"), "base_logits"), "ok",
-        takes_arg=False)
+    add(
+        t,
+        "nonfinite:base_logits:nan-row",
+        "base_logits",
+        _markov_dead_row(float("nan"), "base_logits"),
+        "ok",
+        takes_arg=False,
+    )
+    add(
+        t,
+        "nonfinite:base_logits:-inf-row",
+        "base_logits",
+        _markov_dead_row(float("-inf"), "base_logits"),
+        "ok",
+        takes_arg=False,
+    )
     add(t, "nonfinite:w1:nan-prev-row", "w1", _markov_dead_row(float("nan"), "w1"), "ok", takes_arg=False)
     for n in ["hidden", "conf_w"]:
         add(t, f"nonfinite:{n}:nan", n, m_set_elem(float("nan")), "either")
@@ -1220,9 +1554,13 @@ def markov_mutations():
 
 
 MUTATIONS = {
-    "verify": verify_mutations(), "verify_out": verify_mutations(out_variant=True),
-    "block_diffusion_attention": attention_mutations(), "inject_context_kv": inject_mutations(),
-    "two_tap_conv": conv_mutations(), "topk_select": topk_mutations(), "path_select": path_mutations(),
+    "verify": verify_mutations(),
+    "verify_out": verify_mutations(out_variant=True),
+    "block_diffusion_attention": attention_mutations(),
+    "inject_context_kv": inject_mutations(),
+    "two_tap_conv": conv_mutations(),
+    "topk_select": topk_mutations(),
+    "path_select": path_mutations(),
     "markov_step": markov_mutations(),
 }
 
@@ -1231,16 +1569,22 @@ MUTATIONS = {
 
 # Entries of each op's status: per request, per token, or one for the call.
 STATUS_LEN = {
-    "verify": lambda a: a["cu_num_draft"].shape[0] - 1, "verify_out": lambda a: a["cu_num_draft"].shape[0] - 1,
-    "block_diffusion_attention": lambda a: a["q"].shape[0], "inject_context_kv": lambda a: a["k"].shape[0],
-    "two_tap_conv": lambda a: 1, "path_select": lambda a: a["cand_ids"].shape[0],
+    "verify": lambda a: a["cu_num_draft"].shape[0] - 1,
+    "verify_out": lambda a: a["cu_num_draft"].shape[0] - 1,
+    "block_diffusion_attention": lambda a: a["q"].shape[0],
+    "inject_context_kv": lambda a: a["k"].shape[0],
+    "two_tap_conv": lambda a: 1,
+    "path_select": lambda a: a["cand_ids"].shape[0],
     "markov_step": lambda a: a["base_logits"].shape[0],
 }
 # An int32 index input that a status tensor may not overlap (alias:status:*), and the needs that make it int32.
 STATUS_ALIAS = {
-    "verify": ("cu_num_draft", ()), "verify_out": ("out_num_accepted", ()),
+    "verify": ("cu_num_draft", ()),
+    "verify_out": ("out_num_accepted", ()),
     "block_diffusion_attention": ("ctx_lens", ()),
-    "inject_context_kv": ("slots", ()), "two_tap_conv": ("cu_blocks", ("ragged",)), "path_select": ("anchor", ()),
+    "inject_context_kv": ("slots", ()),
+    "two_tap_conv": ("cu_blocks", ("ragged",)),
+    "path_select": ("anchor", ()),
     "markov_step": ("prev_tokens", ()),
 }
 STATUS_SENTINEL = 12345  # a status entry still holding it was never written
@@ -1264,6 +1608,7 @@ def _status_arg(make):
             return None
         a["status"] = st
         return a
+
     return f
 
 
@@ -1276,6 +1621,7 @@ def _status_alias(op):
         buf = t.to(torch.int32).contiguous().clone() if name != "out_num_accepted" else t
         a[name] = buf
         return buf.view(-1)[: min(n, buf.numel())] if buf.numel() >= n else None
+
     return make
 
 
@@ -1297,20 +1643,23 @@ def add_status_mutations(table, op):
         ("rank:status:unsqueeze", lambda n, a: torch.zeros(1, n, dtype=z), "error"),
         ("stride:status:step", lambda n, a: torch.zeros(2 * n, dtype=z)[::2] if n > 1 else None, "error"),
         ("device:status:meta", lambda n, a: torch.zeros(n, dtype=z, device="meta"), "error"),
-        ("stride:status:wide", lambda n, a: torch.zeros(n + 2, dtype=z)[1: n + 1], "ok"),
+        ("stride:status:wide", lambda n, a: torch.zeros(n + 2, dtype=z)[1 : n + 1], "ok"),
         (f"alias:status:{STATUS_ALIAS[op][0]}", _status_alias(op), "error"),
     ]:
         needs = STATUS_ALIAS[op][1] if mid.startswith("alias") else ()
         if mid == "stride:status:step":
             needs = (_at_least_two(op),)
-        table[mid] = Mutation("status", (lambda f_: lambda a, m, rng: f_(a, m, rng, op))(_status_arg(make)), expect,
-                              tuple(needs))
-    table["stride:status:expand"] = Mutation("status", lambda a, m, rng: _status_expand(a, m, rng, op), "error",
-                                             (_at_least_two(op),))
+        table[mid] = Mutation(
+            "status", (lambda f_: lambda a, m, rng: f_(a, m, rng, op))(_status_arg(make)), expect, tuple(needs)
+        )
+    table["stride:status:expand"] = Mutation(
+        "status", lambda a, m, rng: _status_expand(a, m, rng, op), "error", (_at_least_two(op),)
+    )
 
 
 def _at_least_two(op):
     """A base tweak giving the status at least two entries (one is contiguous in any layout)."""
+
     def need(b):
         if op in ("verify", "verify_out"):
             NEEDS["B2"](b)
@@ -1320,6 +1669,7 @@ def _at_least_two(op):
             b["N"] = max(b["N"], 2)
         elif op == "path_select":
             b["R"] = max(b["R"], 2)
+
     return need
 
 
@@ -1338,27 +1688,57 @@ def _st(a):
 
 
 def call_verify(a):
-    return ops.verify(a["target_logits"], a["draft_tokens"], a["cu_num_draft"], temperature=a["temperature"],
-                      seeds=a["seeds"], offsets=a["offsets"], max_spec_len=a["max_spec_len"],
-                      draft_probs=a["draft_probs"], draft_probs_ids=a["draft_probs_ids"], **_st(a))
+    return ops.verify(
+        a["target_logits"],
+        a["draft_tokens"],
+        a["cu_num_draft"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_spec_len=a["max_spec_len"],
+        draft_probs=a["draft_probs"],
+        draft_probs_ids=a["draft_probs_ids"],
+        **_st(a),
+    )
 
 
 def call_verify_out(a):
-    ops.verify_out(a["target_logits"], a["draft_tokens"], a["cu_num_draft"], temperature=a["temperature"],
-                   seeds=a["seeds"], offsets=a["offsets"], max_spec_len=a["max_spec_len"],
-                   out_tokens=a["out_tokens"], out_num_accepted=a["out_num_accepted"],
-                   draft_probs=a["draft_probs"], draft_probs_ids=a["draft_probs_ids"], **_st(a))
+    ops.verify_out(
+        a["target_logits"],
+        a["draft_tokens"],
+        a["cu_num_draft"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_spec_len=a["max_spec_len"],
+        out_tokens=a["out_tokens"],
+        out_num_accepted=a["out_num_accepted"],
+        draft_probs=a["draft_probs"],
+        draft_probs_ids=a["draft_probs_ids"],
+        **_st(a),
+    )
     return a["out_tokens"], a["out_num_accepted"]
 
 
 def call_attention(a):
-    return ops.block_diffusion_attention(a["q"], a["k_cache"], a["v_cache"], a["ctx_lens"], a["k_block"],
-                                         a["v_block"], a["scale"], **_st(a))
+    return ops.block_diffusion_attention(
+        a["q"], a["k_cache"], a["v_cache"], a["ctx_lens"], a["k_block"], a["v_block"], a["scale"], **_st(a)
+    )
 
 
 def call_inject(a):
-    ops.inject_context_kv(a["k"], a["v"], a["positions"], a["slots"], a["k_norm_weight"], a["cos_sin_cache"],
-                          a["eps"], a["k_cache"], a["v_cache"], **_st(a))
+    ops.inject_context_kv(
+        a["k"],
+        a["v"],
+        a["positions"],
+        a["slots"],
+        a["k_norm_weight"],
+        a["cos_sin_cache"],
+        a["eps"],
+        a["k_cache"],
+        a["v_cache"],
+        **_st(a),
+    )
     return a["k_cache"], a["v_cache"]
 
 
@@ -1371,15 +1751,38 @@ def call_topk(a):
 
 
 def call_path(a):
-    return ops.path_select(a["cand_ids"], a["unary"], a["a_emb"], a["b_emb"], a["g"], a["anchor"], mode=a["mode"],
-                           temperature=a["temperature"], seeds=a["seeds"], offsets=a["offsets"], hidden=a["hidden"],
-                           g_weight=a["g_weight"], **_st(a))
+    return ops.path_select(
+        a["cand_ids"],
+        a["unary"],
+        a["a_emb"],
+        a["b_emb"],
+        a["g"],
+        a["anchor"],
+        mode=a["mode"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        hidden=a["hidden"],
+        g_weight=a["g_weight"],
+        **_st(a),
+    )
 
 
 def call_markov(a):
-    return ops.markov_step(a["base_logits"], a["prev_tokens"], a["w1"], a["w2"], a["hidden"], a["conf_w"],
-                           a["conf_b"], temperature=a["temperature"], seeds=a["seeds"], positions=a["positions"],
-                           bias=a["bias"], **_st(a))
+    return ops.markov_step(
+        a["base_logits"],
+        a["prev_tokens"],
+        a["w1"],
+        a["w2"],
+        a["hidden"],
+        a["conf_w"],
+        a["conf_b"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        positions=a["positions"],
+        bias=a["bias"],
+        **_st(a),
+    )
 
 
 # Planted bugs (test_planted_bugs_are_found): each is wrong in a way the oracle must notice.
@@ -1393,8 +1796,9 @@ def planted_verify_clamped(a):
 
 def planted_verify_wrap32(a):
     """int64 ids narrowed to int32 before the op: 2**32 + x is read as x."""
-    return call_verify(dict(a, draft_tokens=a["draft_tokens"].to(torch.int32),
-                            cu_num_draft=a["cu_num_draft"].to(torch.int32)))
+    return call_verify(
+        dict(a, draft_tokens=a["draft_tokens"].to(torch.int32), cu_num_draft=a["cu_num_draft"].to(torch.int32))
+    )
 
 
 def planted_verify_tail_zero(a):
@@ -1455,15 +1859,23 @@ def planted_hang(a):
 
 
 IMPLS = {
-    "planted_segfault": planted_segfault, "planted_hang": planted_hang,
+    "planted_segfault": planted_segfault,
+    "planted_hang": planted_hang,
     "planted_verify_offsets": planted_verify_offsets,
     "planted_verify_status_swallowed": planted_verify_status_swallowed,
     "planted_markov_plain_softmax": planted_markov_plain_softmax,
     "planted_inject_stray_write": planted_inject_stray_write,
-    "verify": call_verify, "verify_out": call_verify_out, "block_diffusion_attention": call_attention,
-    "inject_context_kv": call_inject, "two_tap_conv": call_conv, "topk_select": call_topk, "path_select": call_path,
-    "markov_step": call_markov, "planted_verify_clamped": planted_verify_clamped,
-    "planted_verify_wrap32": planted_verify_wrap32, "planted_verify_tail_zero": planted_verify_tail_zero,
+    "verify": call_verify,
+    "verify_out": call_verify_out,
+    "block_diffusion_attention": call_attention,
+    "inject_context_kv": call_inject,
+    "two_tap_conv": call_conv,
+    "topk_select": call_topk,
+    "path_select": call_path,
+    "markov_step": call_markov,
+    "planted_verify_clamped": planted_verify_clamped,
+    "planted_verify_wrap32": planted_verify_wrap32,
+    "planted_verify_tail_zero": planted_verify_tail_zero,
     "planted_topk_raw": planted_topk_raw,
 }
 
@@ -1482,8 +1894,10 @@ def _close(got, want, dtype, what):
     bad = mask & ~((diff <= tol + tol * want.abs()) & torch.isfinite(got))
     if bad.any():
         i = tuple(int(x) for x in bad.nonzero()[0])
-        return [f"{what}: {int(bad.sum())} entries differ from the reference, e.g. at {i}: "
-                f"{float(got[i]):.6g} vs {float(want[i]):.6g}"]
+        return [
+            f"{what}: {int(bad.sum())} entries differ from the reference, e.g. at {i}: "
+            f"{float(got[i]):.6g} vs {float(want[i]):.6g}"
+        ]
     return []
 
 
@@ -1534,15 +1948,19 @@ def check_verify(a, out, m, mut):
         if not 0 <= k <= n:
             errs.append(f"request {b}: num_accepted {k} outside [0, {n}]")
             continue
-        if not torch.equal(row[:k], drafts[cu[b]: cu[b] + k]):
-            errs.append(f"request {b}: accepted prefix {row[:k].tolist()} != drafts {drafts[cu[b]:cu[b]+k].tolist()}")
+        if not torch.equal(row[:k], drafts[cu[b] : cu[b] + k]):
+            errs.append(
+                f"request {b}: accepted prefix {row[:k].tolist()} != drafts {drafts[cu[b] : cu[b] + k].tolist()}"
+            )
         if not 0 <= int(row[k]) < V:
             errs.append(f"request {b}: emitted token {int(row[k])} outside [0, {V})")
         elif not math.isfinite(float(logits[cu[b] + b + k, int(row[k])])):
-            errs.append(f"request {b}: emitted token {int(row[k])} has logit {float(logits[cu[b]+b+k, int(row[k])])}"
-                        " (target probability 0)")
-        if (row[k + 1:] != -1).any():
-            errs.append(f"request {b}: tokens after the emitted prefix are {row[k + 1:].tolist()}, not -1")
+            errs.append(
+                f"request {b}: emitted token {int(row[k])} has logit {float(logits[cu[b] + b + k, int(row[k])])}"
+                " (target probability 0)"
+            )
+        if (row[k + 1 :] != -1).any():
+            errs.append(f"request {b}: tokens after the emitted prefix are {row[k + 1 :].tolist()}, not -1")
         if m.get("q_row_read_fails") == b and k == 0 and n > 0:
             errs.append(f"request {b}: rejected its first draft, so it read a bad q row, yet the call succeeded")
     if errs:
@@ -1550,7 +1968,7 @@ def check_verify(a, out, m, mut):
     # the reference, where it is exact: temperatures floored, sparse q merged into dense (sum of duplicates)
     temps = _floor_temps(a["temperature"])
     for b in range(B):
-        rows = logits[cu[b] + b: cu[b + 1] + b + 1]
+        rows = logits[cu[b] + b : cu[b + 1] + b + 1]
         if torch.isnan(rows).any() or torch.isposinf(rows).any():
             return errs
         if temps[b] > 0 and not torch.isfinite(rows[torch.isfinite(rows)] * (1.0 / float(temps[b]))).all():
@@ -1560,11 +1978,21 @@ def check_verify(a, out, m, mut):
         dense = torch.zeros(probs.shape[0], V)
         dense.scatter_add_(1, ids.long(), probs.float())
         probs = dense
-    want = ref.verify_reference(a["target_logits"], a["draft_tokens"], a["cu_num_draft"], temperature=temps,
-                                seeds=a["seeds"], offsets=a["offsets"], max_spec_len=M, draft_probs=probs)
+    want = ref.verify_reference(
+        a["target_logits"],
+        a["draft_tokens"],
+        a["cu_num_draft"],
+        temperature=temps,
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_spec_len=M,
+        draft_probs=probs,
+    )
     if not torch.equal(tokens, want[0]) or not torch.equal(acc, want[1]):
-        errs.append(f"differs from verify_reference: tokens {tokens.tolist()} acc {acc.tolist()}, "
-                    f"reference {want[0].tolist()} acc {want[1].tolist()}")
+        errs.append(
+            f"differs from verify_reference: tokens {tokens.tolist()} acc {acc.tolist()}, "
+            f"reference {want[0].tolist()} acc {want[1].tolist()}"
+        )
     return errs
 
 
@@ -1573,11 +2001,14 @@ def check_attention(a, out, m, mut):
     q = a["q"]
     if not _expect_shape(errs, out, q.shape, q.dtype, "output"):
         return errs
-    want = ref.block_diffusion_attention_reference(a["q"], a["k_cache"], a["v_cache"], a["ctx_lens"], a["k_block"],
-                                                   a["v_block"], a["scale"])
+    want = ref.block_diffusion_attention_reference(
+        a["q"], a["k_cache"], a["v_cache"], a["ctx_lens"], a["k_block"], a["v_block"], a["scale"]
+    )
     finite_in = _moderate_tensors(a, ["q", "k_block", "v_block"]) and all(
         bool((a[n][b, :, : int(a["ctx_lens"][b])].float().abs() < 1e30).all())
-        for n in ["k_cache", "v_cache"] for b in range(q.shape[0]))
+        for n in ["k_cache", "v_cache"]
+        for b in range(q.shape[0])
+    )
     if finite_in and math.isfinite(a["scale"]) and abs(a["scale"]) < 1e30 and not torch.isfinite(out.float()).all():
         errs.append("non-finite output from finite inputs")
     return errs + _close(out, want, q.dtype, "output")
@@ -1587,8 +2018,9 @@ def check_inject(a, out, m, mut):
     errs = []
     pre_k, pre_v = m["pre_k"], m["pre_v"]
     want_k, want_v = pre_k.clone(), pre_v.clone()
-    ref.inject_context_kv_reference(a["k"], a["v"], a["positions"], a["slots"], a["k_norm_weight"],
-                                    a["cos_sin_cache"], a["eps"], want_k, want_v)
+    ref.inject_context_kv_reference(
+        a["k"], a["v"], a["positions"], a["slots"], a["k_norm_weight"], a["cos_sin_cache"], a["eps"], want_k, want_v
+    )
     kc, vc = out
     written = torch.zeros(kc.shape[:3], dtype=torch.bool)
     written[a["slots"].long(), :, a["positions"].long()] = True
@@ -1657,8 +2089,10 @@ def check_topk(a, out, m, mut):
     want_v, want_i, _ = ref.topk_select_reference(read, k)
     huge = torch.isposinf(logits.float()).reshape(-1, V).gather(1, want_i.reshape(-1, k).long()).reshape(ids.shape)
     if not torch.equal(ids, want_i):
-        errs.append(f"ids {ids.reshape(-1, k)[:2].tolist()} != reference on the read logits "
-                    f"{want_i.reshape(-1, k)[:2].tolist()}")
+        errs.append(
+            f"ids {ids.reshape(-1, k)[:2].tolist()} != reference on the read logits "
+            f"{want_i.reshape(-1, k)[:2].tolist()}"
+        )
     elif not torch.equal(values[~huge], want_v[~huge]):
         errs.append("values != the read logits at the ids")
     elif huge.any() and not (torch.isfinite(values[huge]).all() and (values[huge] >= 1e4).all()):
@@ -1699,14 +2133,28 @@ def check_path(a, out, m, mut):
     if "dead_row" in m:
         r, p = m["dead_row"]
         if int(choice[r, p]) != 0 or not torch.equal(q[r, p], onehot[r, p]):
-            errs.append(f"request {r} position {p} (no finite score): choice {int(choice[r, p])}, q {q[r, p].tolist()}"
-                        ", contract: the first candidate, q one-hot")
+            errs.append(
+                f"request {r} position {p} (no finite score): choice {int(choice[r, p])}, q {q[r, p].tolist()}"
+                ", contract: the first candidate, q one-hot"
+            )
     if errs:
         return errs
     if not _finite_tensors(a, ["unary", "a_emb", "b_emb", "g", "hidden", "g_weight"]) or R * P == 0:
         return errs
-    want = ref.path_select_reference(cand, a["unary"], a["a_emb"], a["b_emb"], a["g"], a["anchor"], a["mode"], temps,
-                                     a["seeds"], a["offsets"], a["hidden"], a["g_weight"])
+    want = ref.path_select_reference(
+        cand,
+        a["unary"],
+        a["a_emb"],
+        a["b_emb"],
+        a["g"],
+        a["anchor"],
+        a["mode"],
+        temps,
+        a["seeds"],
+        a["offsets"],
+        a["hidden"],
+        a["g_weight"],
+    )
     if not torch.equal(choice, want[1]):
         errs.append(f"choice {choice.tolist()} != reference {want[1].tolist()}")
         return errs
@@ -1749,8 +2197,19 @@ def check_markov(a, out, m, mut):
         return errs
     if not _finite_tensors(a, ["base_logits", "w1", "w2", "hidden", "conf_w", "conf_b", "bias"]):
         return errs
-    want = ref.markov_step_reference(a["base_logits"], a["prev_tokens"], a["w1"], a["w2"], a["bias"], a["hidden"],
-                                     a["conf_w"], a["conf_b"], temps, a["seeds"], a["positions"])
+    want = ref.markov_step_reference(
+        a["base_logits"],
+        a["prev_tokens"],
+        a["w1"],
+        a["w2"],
+        a["bias"],
+        a["hidden"],
+        a["conf_w"],
+        a["conf_b"],
+        temps,
+        a["seeds"],
+        a["positions"],
+    )
     if not torch.equal(tokens, want[0]):
         errs.append(f"tokens {tokens.tolist()} != reference {want[0].tolist()}")
     errs += _close(q, want[1], torch.float32, "q")
@@ -1759,9 +2218,14 @@ def check_markov(a, out, m, mut):
 
 
 CHECKS = {
-    "verify": check_verify, "verify_out": check_verify, "block_diffusion_attention": check_attention,
-    "inject_context_kv": check_inject, "two_tap_conv": check_conv, "topk_select": check_topk,
-    "path_select": check_path, "markov_step": check_markov,
+    "verify": check_verify,
+    "verify_out": check_verify,
+    "block_diffusion_attention": check_attention,
+    "inject_context_kv": check_inject,
+    "two_tap_conv": check_conv,
+    "topk_select": check_topk,
+    "path_select": check_path,
+    "markov_step": check_markov,
 }
 
 
@@ -1818,9 +2282,11 @@ def check_meta_call(impl, out, m):
     got = _flat_outputs(out)
     if len(got) != len(want):
         return [f"meta call gave {len(got)} outputs, the CPU call {len(want)}"]
-    return [f"meta output {i}: {tuple(g.shape)} {g.dtype} on {g.device}, CPU gives {tuple(w.shape)} {w.dtype}"
-            for i, (g, w) in enumerate(zip(got, want))
-            if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype or g.device.type != "meta"]
+    return [
+        f"meta output {i}: {tuple(g.shape)} {g.dtype} on {g.device}, CPU gives {tuple(w.shape)} {w.dtype}"
+        for i, (g, w) in enumerate(zip(got, want))
+        if tuple(g.shape) != tuple(w.shape) or g.dtype != w.dtype or g.device.type != "meta"
+    ]
 
 
 def run_case(case):
@@ -1856,7 +2322,7 @@ def run_case(case):
     except Exception as e:  # noqa: BLE001 - a check that cannot run on the outputs is a violation
         errs = [f"outputs break the checks: {_short(e)}"]
     if errs:
-        return dict(result, outcome="violation", message="; ".join(errs)[:MESSAGE_CHARS * 2])
+        return dict(result, outcome="violation", message="; ".join(errs)[: MESSAGE_CHARS * 2])
     return dict(result, outcome="ok", message="")
 
 
@@ -1877,9 +2343,12 @@ def _verify_subset(a, keep):
     for b in keep:
         new_cu.append(new_cu[-1] + cu[b + 1] - cu[b])
     r, t, k = (torch.tensor(x, dtype=torch.long) for x in (rows, toks, keep))
-    sub = dict(a, target_logits=a["target_logits"].index_select(0, r),
-               draft_tokens=a["draft_tokens"].index_select(0, t),
-               cu_num_draft=torch.tensor(new_cu, dtype=a["cu_num_draft"].dtype))
+    sub = dict(
+        a,
+        target_logits=a["target_logits"].index_select(0, r),
+        draft_tokens=a["draft_tokens"].index_select(0, t),
+        cu_num_draft=torch.tensor(new_cu, dtype=a["cu_num_draft"].dtype),
+    )
     for n in ["draft_probs", "draft_probs_ids"]:
         if a[n] is not None:
             sub[n] = a[n].index_select(0, t)
@@ -1937,12 +2406,15 @@ def status_failed_outputs(op, a, out, failed, m, mut):
         tokens, acc = out
         for b in failed:
             if not ((tokens[b] == -1).all() and int(acc[b]) == -1):
-                errs.append(f"failed request {b}: tokens {tokens[b].tolist()} num_accepted {int(acc[b])}, "
-                            "contract: all -1 and -1")
+                errs.append(
+                    f"failed request {b}: tokens {tokens[b].tolist()} num_accepted {int(acc[b])}, "
+                    "contract: all -1 and -1"
+                )
         if mut.arg != "cu_num_draft" and not errs:
             k = torch.tensor(healthy, dtype=torch.long)
-            errs += check_verify(_verify_subset(a, healthy), (tokens.index_select(0, k), acc.index_select(0, k)), m,
-                                 mut)
+            errs += check_verify(
+                _verify_subset(a, healthy), (tokens.index_select(0, k), acc.index_select(0, k)), m, mut
+            )
         return errs
     if op == "two_tap_conv":
         if failed and not torch.isnan(out.float()).all():
@@ -1972,9 +2444,15 @@ def status_failed_outputs(op, a, out, failed, m, mut):
 
 
 def _same(x, y):
-    return all(torch.equal(p, q) or (p.is_floating_point() and torch.equal(torch.isnan(p), torch.isnan(q)) and
-                                      torch.equal(torch.nan_to_num(p), torch.nan_to_num(q)))
-               for p, q in zip(_flat_outputs(x), _flat_outputs(y)))
+    return all(
+        torch.equal(p, q)
+        or (
+            p.is_floating_point()
+            and torch.equal(torch.isnan(p), torch.isnan(q))
+            and torch.equal(torch.nan_to_num(p), torch.nan_to_num(q))
+        )
+        for p, q in zip(_flat_outputs(x), _flat_outputs(y))
+    )
 
 
 def run_status_case(case):
@@ -2034,7 +2512,7 @@ def run_status_case(case):
                 if str(e).split(": ", 1)[-1] != str(plain_err).split(": ", 1)[-1]:
                     errs.append(f"raise_on_status says {str(e)[:120]!r}, the CPU raises {str(plain_err)[:120]!r}")
     if errs:
-        return dict(result, outcome="violation", message="; ".join(errs)[:MESSAGE_CHARS * 2])
+        return dict(result, outcome="violation", message="; ".join(errs)[: MESSAGE_CHARS * 2])
     return dict(result, outcome="ok", message=f"status {codes}" if failed else "")
 
 
@@ -2052,9 +2530,16 @@ def main(cases_path, report_path):
             try:
                 res = run_case(case)
             except Exception:  # noqa: BLE001 - a bug of the harness itself, reported as such
-                res = dict(id=case["id"], op=case["op"], impl=case.get("impl", case["op"]), mutation=case["mutation"],
-                           expect="?", outcome="harness-error", message=traceback.format_exc()[-MESSAGE_CHARS:],
-                           notes=[])
+                res = dict(
+                    id=case["id"],
+                    op=case["op"],
+                    impl=case.get("impl", case["op"]),
+                    mutation=case["mutation"],
+                    expect="?",
+                    outcome="harness-error",
+                    message=traceback.format_exc()[-MESSAGE_CHARS:],
+                    notes=[],
+                )
             rep.write(json.dumps(res) + "\n")
             rep.flush()
 

@@ -3,16 +3,23 @@
 import math
 
 import torch
-
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter
 from flashspark.spec import speculative_generate
 
 
 def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=160,
-                      torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=160,
+        torch_dtype="float32",
+    )
     m = Qwen3ForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():  # spread the logits: a near-uniform target makes every test weak
@@ -21,8 +28,9 @@ def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:
 
 
 def tiny_drafter(target, block_size=5, seed=1, scale=5.0) -> DFlashDrafter:
-    cfg = DFlashConfig.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
-                                  num_features=2)
+    cfg = DFlashConfig.for_target(
+        target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1, num_features=2
+    )
     d = DFlashDrafter(cfg, target)
     d.init_weights(seed)
     with torch.no_grad():
@@ -40,20 +48,21 @@ def prompts_of(lengths, vocab, seed=0):
 def exact_joint(target, prompt, n, temperature):
     """p(x_1..x_n | prompt) over all V^n continuations, flattened [V^n]."""
     V = target.config.vocab_size
-    seqs = torch.cartesian_prod(*[torch.arange(V)] * n)                          # [V^n, n]
+    seqs = torch.cartesian_prod(*[torch.arange(V)] * n)  # [V^n, n]
     x = torch.cat((torch.tensor(prompt).expand(len(seqs), -1), seqs), 1)
     with torch.no_grad():
-        logp = torch.log_softmax(target(x).logits[:, len(prompt) - 1:-1] / temperature, -1)
+        logp = torch.log_softmax(target(x).logits[:, len(prompt) - 1 : -1] / temperature, -1)
     return logp.gather(2, seqs[..., None]).sum((1, 2)).exp()
 
 
 def spec_joint(target, drafter, prompt, n, temperature, samples, seed=0, **loop_kw):
     """Counts [V^n] of `samples` speculative continuations of `prompt`."""
-    out, _ = speculative_generate(target, drafter, [prompt] * samples, max_new_tokens=n,
-                                  temperature=temperature, seed=seed, **loop_kw)
+    out, _ = speculative_generate(
+        target, drafter, [prompt] * samples, max_new_tokens=n, temperature=temperature, seed=seed, **loop_kw
+    )
     V = target.config.vocab_size
     idx = torch.tensor(out) @ (V ** torch.arange(n - 1, -1, -1))
-    return torch.bincount(idx, minlength=V ** n).double()
+    return torch.bincount(idx, minlength=V**n).double()
 
 
 def chi_square_ok(counts, probs, p_value=1e-4) -> bool:

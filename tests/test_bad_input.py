@@ -10,10 +10,9 @@ message). The property-based fuzz of the same contract is tests/test_fuzz_ops.py
 
 import math
 
+import flashspark
 import pytest
 import torch
-
-import flashspark
 from flashspark import ops
 from flashspark.reference import (
     markov_step_reference,
@@ -91,8 +90,17 @@ def test_drafter_ops_int64_values_are_checked_at_full_width(device):
 
 def _markov(args, **kw):
     a = dict(args)
-    return ops.markov_step(a.pop("base_logits"), a.pop("prev_tokens"), a.pop("w1"), a.pop("w2"), a.pop("hidden"),
-                           a.pop("conf_w"), a.pop("conf_b"), **a, **kw)
+    return ops.markov_step(
+        a.pop("base_logits"),
+        a.pop("prev_tokens"),
+        a.pop("w1"),
+        a.pop("w2"),
+        a.pop("hidden"),
+        a.pop("conf_w"),
+        a.pop("conf_b"),
+        **a,
+        **kw,
+    )
 
 
 # ---------------------------------------------------------------- 2. empty dimensions
@@ -101,17 +109,26 @@ def _markov(args, **kw):
 def test_empty_dimensions_work_or_raise_clearly(device):
     # verify: no requests, and requests with no drafts
     logits = torch.randn(0, 7, device=device)
-    out, acc = flashspark.verify(logits, torch.zeros(0, dtype=torch.int32, device=device),
-                                 torch.zeros(1, dtype=torch.int32, device=device),
-                                 temperature=torch.zeros(0, device=device), seeds=torch.zeros(0, dtype=torch.int64,
-                                                                                              device=device),
-                                 offsets=torch.zeros(0, dtype=torch.int64, device=device), max_spec_len=3)
+    out, acc = flashspark.verify(
+        logits,
+        torch.zeros(0, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device),
+        temperature=torch.zeros(0, device=device),
+        seeds=torch.zeros(0, dtype=torch.int64, device=device),
+        offsets=torch.zeros(0, dtype=torch.int64, device=device),
+        max_spec_len=3,
+    )
     assert out.shape == (0, 4) and acc.shape == (0,)
     with pytest.raises(RuntimeError, match="'target_logits' has an empty"):
-        flashspark.verify(torch.randn(1, 0, device=device), torch.zeros(0, dtype=torch.int32, device=device),
-                          torch.zeros(2, dtype=torch.int32, device=device), temperature=torch.zeros(1, device=device),
-                          seeds=torch.zeros(1, dtype=torch.int64, device=device),
-                          offsets=torch.zeros(1, dtype=torch.int64, device=device), max_spec_len=0)
+        flashspark.verify(
+            torch.randn(1, 0, device=device),
+            torch.zeros(0, dtype=torch.int32, device=device),
+            torch.zeros(2, dtype=torch.int32, device=device),
+            temperature=torch.zeros(1, device=device),
+            seeds=torch.zeros(1, dtype=torch.int64, device=device),
+            offsets=torch.zeros(1, dtype=torch.int64, device=device),
+            max_spec_len=0,
+        )
     # attention: no requests, an empty block, no query heads
     for batch, gamma in [(0, 3), (2, 0)]:
         args = attn_inputs(batch, gamma, 2, 1, 8, [1] * batch, 4, torch.float32, device)
@@ -124,8 +141,9 @@ def test_empty_dimensions_work_or_raise_clearly(device):
     x, base, delta, _ = conv_inputs(0, 17, torch.float32, device)
     assert ops.two_tap_conv(x, base, delta, 4).shape == (0, 17)
     with pytest.raises(RuntimeError, match="'x' must have C >= 1"):
-        ops.two_tap_conv(torch.zeros(3, 0, device=device), torch.zeros(2, 0, device=device),
-                         torch.zeros(3, 2, 0, device=device), 4)
+        ops.two_tap_conv(
+            torch.zeros(3, 0, device=device), torch.zeros(2, 0, device=device), torch.zeros(3, 2, 0, device=device), 4
+        )
     # topk: no rows works, no vocabulary raises
     values, ids, lse = ops.topk_select(torch.randn(0, 5, 9, device=device), 4)
     assert values.shape == (0, 5, 4) and lse.shape == (0, 5)
@@ -189,8 +207,12 @@ def test_verify_nan_in_a_row_never_read_is_not_an_error(device):
     logits[:, 2] = 5.0
     logits[1:, 0] = float("nan")
     drafts = torch.tensor([1, 2, 2], dtype=torch.int32, device=device)
-    kw = dict(temperature=torch.zeros(1, device=device), seeds=torch.zeros(1, dtype=torch.int64, device=device),
-              offsets=torch.zeros(1, dtype=torch.int64, device=device), max_spec_len=3)
+    kw = dict(
+        temperature=torch.zeros(1, device=device),
+        seeds=torch.zeros(1, dtype=torch.int64, device=device),
+        offsets=torch.zeros(1, dtype=torch.int64, device=device),
+        max_spec_len=3,
+    )
     out, acc = flashspark.verify(logits, drafts, torch.tensor([0, 3], device=device), **kw)
     assert acc.tolist() == [0] and out[0, 0] == 2
 
@@ -254,11 +276,21 @@ def test_verify_bad_dense_q_in_the_resampled_row_fails_the_request(device):
     logits[0, 3] = 8.0  # p puts almost all mass on 3; the draft 0 is rejected
     q = torch.full((1, 5), 0.2, device=device)
     q[0, 4] = float("nan")
-    kw = dict(temperature=torch.ones(1, device=device), seeds=torch.zeros(1, dtype=torch.int64, device=device),
-              offsets=torch.zeros(1, dtype=torch.int64, device=device), max_spec_len=1)
+    kw = dict(
+        temperature=torch.ones(1, device=device),
+        seeds=torch.zeros(1, dtype=torch.int64, device=device),
+        offsets=torch.zeros(1, dtype=torch.int64, device=device),
+        max_spec_len=1,
+    )
     status = status_of(1, device)
-    out, acc = flashspark.verify(logits, torch.tensor([0], dtype=torch.int32, device=device),
-                                 torch.tensor([0, 1], device=device), draft_probs=q, **kw, status=status)
+    out, acc = flashspark.verify(
+        logits,
+        torch.tensor([0], dtype=torch.int32, device=device),
+        torch.tensor([0, 1], device=device),
+        draft_probs=q,
+        **kw,
+        status=status,
+    )
     assert status.tolist() == [9] and acc.tolist() == [-1]
 
 
@@ -284,9 +316,24 @@ def test_markov_q_is_never_nan(device, case):
     torch.testing.assert_close(q.sum(-1).cpu(), torch.ones(3), atol=1e-5, rtol=0)
     assert ((tokens >= 0) & (tokens < 40)).all()
     assert (q.gather(1, tokens.long()[:, None]) > 0).all(), "the drawn token has q > 0"
-    want_tokens, want_q, _ = markov_step_reference(*[args[k] for k in [
-        "base_logits", "prev_tokens", "w1", "w2", "bias", "hidden", "conf_w", "conf_b", "temperature", "seeds",
-        "positions"]])
+    want_tokens, want_q, _ = markov_step_reference(
+        *[
+            args[k]
+            for k in [
+                "base_logits",
+                "prev_tokens",
+                "w1",
+                "w2",
+                "bias",
+                "hidden",
+                "conf_w",
+                "conf_b",
+                "temperature",
+                "seeds",
+                "positions",
+            ]
+        ]
+    )
     assert torch.equal(tokens.cpu(), want_tokens.cpu())
     torch.testing.assert_close(q.cpu(), want_q.cpu(), atol=1e-5, rtol=1e-5)
     if case == "all_minus_inf":
@@ -306,14 +353,19 @@ def test_sampled_path_q_is_never_nan(device, case):
         unary[0, 1, 2] = float("nan")
     elif case == "all_minus_inf":
         unary[1, 2] = float("-inf")
-    kw = dict(mode="sample", temperature=temperature, seeds=torch.arange(3, device=device),
-              offsets=torch.zeros(3, dtype=torch.int64, device=device))
+    kw = dict(
+        mode="sample",
+        temperature=temperature,
+        seeds=torch.arange(3, device=device),
+        offsets=torch.zeros(3, dtype=torch.int64, device=device),
+    )
     tokens, choice, scores, q = ops.path_select(cand, unary, a_emb, b_emb, g, anchor, **kw)
     assert not torch.isnan(q).any() and not torch.isnan(scores).any()
     torch.testing.assert_close(q.sum(-1).cpu(), torch.ones(3, 4), atol=1e-5, rtol=0)
     assert (q.gather(-1, choice.long()[..., None]) > 0).all(), "the chosen candidate has q > 0"
-    want = path_select_reference(cand, unary, a_emb, b_emb, g, anchor, "sample", temperature, kw["seeds"],
-                                 kw["offsets"])
+    want = path_select_reference(
+        cand, unary, a_emb, b_emb, g, anchor, "sample", temperature, kw["seeds"], kw["offsets"]
+    )
     assert torch.equal(choice.cpu(), want[1].cpu())
     torch.testing.assert_close(q.cpu(), want[3].cpu(), atol=1e-5, rtol=1e-5)
     if case == "all_minus_inf":
@@ -364,12 +416,17 @@ def duplicate_sparse_trials(device, first_listed_only=False, trials=30000):
     if first_listed_only:
         probs = probs.clone()
         probs[:, 2] = 0.0
-    out, acc = flashspark.verify(target.repeat(trials, 1).to(device), drafts.to(torch.int32).to(device),
-                                 torch.arange(trials + 1, dtype=torch.int32, device=device),
-                                 draft_probs=probs.to(device), draft_probs_ids=ids.to(device),
-                                 temperature=torch.ones(trials, device=device),
-                                 seeds=torch.arange(trials, dtype=torch.int64, device=device) + 11,
-                                 offsets=torch.zeros(trials, dtype=torch.int64, device=device), max_spec_len=1)
+    out, acc = flashspark.verify(
+        target.repeat(trials, 1).to(device),
+        drafts.to(torch.int32).to(device),
+        torch.arange(trials + 1, dtype=torch.int32, device=device),
+        draft_probs=probs.to(device),
+        draft_probs_ids=ids.to(device),
+        temperature=torch.ones(trials, device=device),
+        seeds=torch.arange(trials, dtype=torch.int64, device=device) + 11,
+        offsets=torch.zeros(trials, dtype=torch.int64, device=device),
+        max_spec_len=1,
+    )
     first = out[:, 0].cpu().long()
     counts = torch.bincount(first, minlength=4).double()
     return chi2_stat(counts, torch.softmax(target[0], -1).double())
@@ -398,15 +455,20 @@ def test_meta_tensor_mixed_with_cpu_raises():
     with pytest.raises(RuntimeError, match="'w2' is on meta"):
         _markov(args)
     # all-meta calls stay shape-only (the fakes), as torch.compile needs
-    out, acc = flashspark.verify(logits.to("meta"), drafts.to("meta"), cu.to("meta"),
-                                 **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    out, acc = flashspark.verify(
+        logits.to("meta"),
+        drafts.to("meta"),
+        cu.to("meta"),
+        **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+    )
     assert out.device.type == "meta" and out.shape == (2, kw["max_spec_len"] + 1)
 
 
 def test_aliased_outputs_are_rejected(device):
     k, v, pos, slots, w, cs, kc, vc = inject_inputs(3, 2, 1, 8, 4, torch.float32, device)
-    with pytest.raises(RuntimeError, match="'k_cache' is written in place and must not share memory with argument "
-                                           "'v_cache'"):
+    with pytest.raises(
+        RuntimeError, match="'k_cache' is written in place and must not share memory with argument 'v_cache'"
+    ):
         ops.inject_context_kv(k, v, pos, slots, w, cs, 1e-6, kc, kc)
     expanded = torch.zeros(1, 1, 4, 8, device=device).expand(2, 1, 4, 8)
     with pytest.raises(RuntimeError, match="'k_cache' is written in place and must not have overlapping"):
@@ -415,18 +477,24 @@ def test_aliased_outputs_are_rejected(device):
         ops.inject_context_kv(kc[0, 0, :3].reshape(3, 1, 8), v, pos, slots, w, cs, 1e-6, kc, vc)
     logits, drafts, cu, kw = greedy_case(device)
     buf = torch.empty(2 * (kw["max_spec_len"] + 1) + 2, dtype=torch.int32, device=device)
-    out_tokens = buf[:2 * (kw["max_spec_len"] + 1)].view(2, -1)
-    with pytest.raises(RuntimeError, match="'out_tokens' is written in place and must not share memory with argument 'out_num_accepted'"):
+    out_tokens = buf[: 2 * (kw["max_spec_len"] + 1)].view(2, -1)
+    with pytest.raises(
+        RuntimeError,
+        match="'out_tokens' is written in place and must not share memory with argument 'out_num_accepted'",
+    ):
         flashspark.verify_out(logits, drafts, cu, **kw, out_tokens=out_tokens, out_num_accepted=out_tokens[0, :2])
     shared = torch.zeros(20, dtype=torch.int32, device=device)
     shared[:5] = drafts
-    with pytest.raises(RuntimeError, match="'out_tokens' is written in place and must not share memory with "
-                                           "argument 'draft_tokens'"):
-        flashspark.verify_out(logits, shared[:5], cu, **kw, out_tokens=shared[2:10].view(2, 4),
-                              out_num_accepted=buf[-2:])
+    with pytest.raises(
+        RuntimeError, match="'out_tokens' is written in place and must not share memory with argument 'draft_tokens'"
+    ):
+        flashspark.verify_out(
+            logits, shared[:5], cu, **kw, out_tokens=shared[2:10].view(2, 4), out_num_accepted=buf[-2:]
+        )
     cu32 = cu.to(torch.int32)
-    with pytest.raises(RuntimeError, match="'status' is written in place and must not share memory with argument "
-                                           "'cu_num_draft'"):
+    with pytest.raises(
+        RuntimeError, match="'status' is written in place and must not share memory with argument 'cu_num_draft'"
+    ):
         flashspark.verify(logits, drafts, cu32, **kw, status=cu32[1:])
 
 
@@ -491,8 +559,9 @@ def test_status_fails_one_item_and_leaves_the_others(device):
     # two_tap_conv: decreasing offsets fail the call
     x, base, delta, _ = conv_inputs(6, 17, torch.float32, device)
     status = status_of(1, device)
-    out = ops.two_tap_conv(x, base, delta, 0, torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=device),
-                           status=status)
+    out = ops.two_tap_conv(
+        x, base, delta, 0, torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=device), status=status
+    )
     assert status.tolist() == [14] and torch.isnan(out).all()
     status = status_of(1, device)
     ops.two_tap_conv(x, base, delta, 0, torch.tensor([0, 2, 6], dtype=torch.int32, device=device), status=status)
@@ -554,9 +623,11 @@ def test_status_messages_match_the_cpu_errors():
 @pytest.mark.parametrize("bad_status", ["dtype", "shape", "non_contiguous"])
 def test_bad_status_tensor_is_rejected(device, bad_status):
     logits, drafts, cu, kw = greedy_case(device)
-    status = {"dtype": torch.zeros(2, dtype=torch.int64, device=device),
-              "shape": torch.zeros(3, dtype=torch.int32, device=device),
-              "non_contiguous": torch.zeros(4, dtype=torch.int32, device=device)[::2]}[bad_status]
+    status = {
+        "dtype": torch.zeros(2, dtype=torch.int64, device=device),
+        "shape": torch.zeros(3, dtype=torch.int32, device=device),
+        "non_contiguous": torch.zeros(4, dtype=torch.int32, device=device)[::2],
+    }[bad_status]
     with pytest.raises(RuntimeError, match="argument 'status' must be a contiguous int32 tensor of shape \\[2\\]"):
         flashspark.verify(logits, drafts, cu, **kw, status=status)
 
@@ -564,14 +635,32 @@ def test_bad_status_tensor_is_rejected(device, bad_status):
 def test_status_ops_pass_opcheck(device):
     logits, drafts, cu, kw = greedy_case(device)
     status = torch.zeros(2, dtype=torch.int32, device=device)
-    torch.library.opcheck(torch.ops.flashspark.verify.default,
-                          (logits, drafts, cu, None, None, kw["temperature"], kw["seeds"], kw["offsets"],
-                           kw["max_spec_len"]), {"status": status})
+    torch.library.opcheck(
+        torch.ops.flashspark.verify.default,
+        (logits, drafts, cu, None, None, kw["temperature"], kw["seeds"], kw["offsets"], kw["max_spec_len"]),
+        {"status": status},
+    )
     args = markov_inputs(2, 30, device=device)
-    torch.library.opcheck(torch.ops.flashspark.markov_step.default,
-                          tuple(args[k] for k in ["base_logits", "prev_tokens", "w1", "w2", "bias", "hidden", "conf_w",
-                                                  "conf_b", "temperature", "seeds", "positions"]),
-                          {"status": torch.zeros(2, dtype=torch.int32, device=device)})
+    torch.library.opcheck(
+        torch.ops.flashspark.markov_step.default,
+        tuple(
+            args[k]
+            for k in [
+                "base_logits",
+                "prev_tokens",
+                "w1",
+                "w2",
+                "bias",
+                "hidden",
+                "conf_w",
+                "conf_b",
+                "temperature",
+                "seeds",
+                "positions",
+            ]
+        ),
+        {"status": torch.zeros(2, dtype=torch.int32, device=device)},
+    )
 
 
 def test_sampled_outputs_never_hold_minus_one_in_the_prefix(device):

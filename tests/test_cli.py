@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from flashspark import data
 from flashspark.cli import build_parser, main, unescape
 
 SHIPPED = data.ASSETS_DIR / "target"
-needs_shipped = pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(),
-                                   reason="shipped target not exported yet")
+needs_shipped = pytest.mark.skipif(
+    not (SHIPPED / "model.safetensors").is_file(), reason="shipped target not exported yet"
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,8 +28,7 @@ def run(capsys, *argv):
 
 @needs_shipped
 def test_generate_ar(capsys):
-    code, out, err = run(capsys, "generate", "--method", "ar", "--prompt", "import os\n",
-                         "--max-new-tokens", "8")
+    code, out, err = run(capsys, "generate", "--method", "ar", "--prompt", "import os\n", "--max-new-tokens", "8")
     assert code == 0
     assert out.startswith("import os\n") and len(out) > len("import os\n")
     assert "tokens/s" in err
@@ -39,8 +38,21 @@ def test_generate_ar(capsys):
 def test_generate_prompts_file_batched_sampling(capsys, tmp_path):
     f = tmp_path / "prompts.txt"
     f.write_text("def main():\\n    \nclass Parser:\n\nimport sys\n")
-    args = ["generate", "--prompts-file", str(f), "--max-new-tokens", "6", "--temperature", "0.8",
-            "--top-p", "0.9", "--seed", "1", "--batch-size", "2"]
+    args = [
+        "generate",
+        "--prompts-file",
+        str(f),
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "1",
+        "--batch-size",
+        "2",
+    ]
     code, out, err = run(capsys, *args)
     assert code == 0 and out.count("===== prompt") == 3
     assert "batch size 2" in err
@@ -100,16 +112,22 @@ def test_module_entry_point():
     env = dict(os.environ)
     pkg_root = str(Path(data.__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "flashspark", "generate", "--prompt", "x", "--model", "/nonexistent"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "flashspark", "generate", "--prompt", "x", "--model", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "error: model directory" in r.stderr and "Traceback" not in r.stderr
 
 
 # --------------------------------------------- bad arguments: one `error: ...` line, status 2
 SPEC_METHODS = ["dflash", "dflash2", "dspark"]
-needs_dflash = pytest.mark.skipif(not (data.ASSETS_DIR / "dflash" / "model.safetensors").is_file(),
-                                  reason="shipped DFlash drafter not exported yet")
+needs_dflash = pytest.mark.skipif(
+    not (data.ASSETS_DIR / "dflash" / "model.safetensors").is_file(), reason="shipped DFlash drafter not exported yet"
+)
 
 
 def assert_one_error_line(err: str, names: str) -> None:
@@ -138,7 +156,7 @@ _GENERATE = [
     *((["--batch-size", n], "--batch-size") for n in ("0", "-1")),
     *((["--threads", n], "--threads") for n in ("0", "-1")),
     *((["--max-new-tokens", n], "--max-new-tokens") for n in ("0", "-1")),
-    *((["--seed", n], "--seed") for n in ("-1", str(2 ** 64))),
+    *((["--seed", n], "--seed") for n in ("-1", str(2**64))),
     (["--device", "foo"], "--device"),
     (["--device", "cuda"], "--device", _CUDA_ABSENT),
     (["--device", "cuda:7"], "--device", _NO_CUDA_7),
@@ -189,14 +207,22 @@ def _generate_argv(method, argv):
 
 
 BAD_INVOCATIONS = [
-    *(_case(_generate_argv(m, argv), names, *marks)
-      for m in ["ar", *SPEC_METHODS] for argv, names, *marks in _GENERATE),
+    *(
+        _case(_generate_argv(m, argv), names, *marks)
+        for m in ["ar", *SPEC_METHODS]
+        for argv, names, *marks in _GENERATE
+    ),
     *(_case(_generate_argv(m, argv), names) for m in SPEC_METHODS for argv, names in _SPEC),
-    *(_case(base + argv, names) for base in (["fit-proxy", "--drafter", "{tmp}/none"],
-                                             ["fit-prior", "dspark", "--drafter-dir", "{tmp}/none"])
-      for argv, names in _CALIBRATION),
-    *(_case(["train", what, "--out", "{tmp}/run", "--export", "{tmp}/export", "--resume", *argv], names)
-      for what in ("target", "dflash", "dflash2", "dspark") for argv, names in _TRAIN),
+    *(
+        _case(base + argv, names)
+        for base in (["fit-proxy", "--drafter", "{tmp}/none"], ["fit-prior", "dspark", "--drafter-dir", "{tmp}/none"])
+        for argv, names in _CALIBRATION
+    ),
+    *(
+        _case(["train", what, "--out", "{tmp}/run", "--export", "{tmp}/export", "--resume", *argv], names)
+        for what in ("target", "dflash", "dflash2", "dspark")
+        for argv, names in _TRAIN
+    ),
     *(_case(argv, names) for argv, names in _PARSE),
 ]
 
@@ -229,12 +255,16 @@ def run_module(*argv, timeout=120):
     return subprocess.run([sys.executable, "-m", "flashspark", *argv], capture_output=True, env=env, timeout=timeout)
 
 
-@pytest.mark.parametrize("argv,names", [
-    (["generate", "--prompt", b"\xff\xfe"], "--prompt"),
-    (["generate", "--method", "dflash", "--prompt", b"\xff\xfe"], "--prompt"),
-    (["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
-    (["generate", "--prompt", "x", "--temperature", "foo"], "--temperature"),
-], ids=["bytes-prompt-ar", "bytes-prompt-dflash", "top-p-nan", "argparse"])
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        (["generate", "--prompt", b"\xff\xfe"], "--prompt"),
+        (["generate", "--method", "dflash", "--prompt", b"\xff\xfe"], "--prompt"),
+        (["generate", "--prompt", "x", "--top-p", "nan"], "--top-p"),
+        (["generate", "--prompt", "x", "--temperature", "foo"], "--temperature"),
+    ],
+    ids=["bytes-prompt-ar", "bytes-prompt-dflash", "top-p-nan", "argparse"],
+)
 def test_bad_argument_subprocess(argv, names):
     """The same through the module entry point: status 2, one line, no traceback."""
     r = run_module(*argv)

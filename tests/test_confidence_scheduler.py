@@ -9,10 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
-from flashspark.spec.confidence import (ConfidenceScheduler, SPSTable, conditional, prefix_survival, profile_sps,
-                                        schedule_tokens)
+from flashspark.spec.confidence import (
+    ConfidenceScheduler,
+    SPSTable,
+    conditional,
+    prefix_survival,
+    profile_sps,
+    schedule_tokens,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,12 +26,12 @@ def theta(conf, active, k, sps):
     """Θ = τ · SPS(T) of an admission k [B] (k_r leading positions of request r)."""
     a = prefix_survival(conf)
     n = int(active.sum())
-    tau = n + sum(float(a[r, :k[r]].sum()) for r in range(len(k)) if active[r])
+    tau = n + sum(float(a[r, : k[r]].sum()) for r in range(len(k)) if active[r])
     return tau * float(sps(torch.tensor(n + sum(int(x) for x in k))))
 
 
 def test_hand_computed():
-    conf = torch.tensor([[0.9, 0.5], [0.6, 0.9]])      # a = [[0.9, 0.45], [0.6, 0.54]]
+    conf = torch.tensor([[0.9, 0.5], [0.6, 0.9]])  # a = [[0.9, 0.45], [0.6, 0.54]]
     active = torch.tensor([True, True])
     # T:   2     3     4    5     6
     # Θ:  20  27.55  31.5  34.34  22.45 (admit 0.9, 0.6, 0.54, then 0.45 lowers Θ)
@@ -49,12 +54,20 @@ def test_optimal_over_all_prefix_closed_admissions(seed):
     conf = torch.rand(B, K, generator=g) ** 0.5
     active = torch.tensor([True, True, seed % 2 == 0])
     tokens = list(range(1, B * (K + 1) + 1))
-    sps = SPSTable(tokens, (100.0 / torch.tensor(tokens, dtype=torch.float64) ** torch.rand(1, generator=g).item()
-                            + torch.rand(len(tokens), generator=g).double()).tolist())
+    sps = SPSTable(
+        tokens,
+        (
+            100.0 / torch.tensor(tokens, dtype=torch.float64) ** torch.rand(1, generator=g).item()
+            + torch.rand(len(tokens), generator=g).double()
+        ).tolist(),
+    )
     k = schedule_tokens(conf, active, sps)
     assert k.dtype == torch.int64 and bool(((k >= 0) & (k <= K)).all()) and (active[2] or k[2] == 0)
-    best = max(theta(conf, active, ks, sps) for ks in itertools.product(range(K + 1), repeat=B)
-               if all(active[r] or ks[r] == 0 for r in range(B)))
+    best = max(
+        theta(conf, active, ks, sps)
+        for ks in itertools.product(range(K + 1), repeat=B)
+        if all(active[r] or ks[r] == 0 for r in range(B))
+    )
     assert theta(conf, active, k.tolist(), sps) >= best - 1e-9
 
 
@@ -73,16 +86,19 @@ def test_flat_sps_verifies_everything_with_positive_confidence():
     conf = torch.tensor([[0.2, 0.1, 0.05, 0.0], [1e-3, 0.9, 0.9, 0.9], [0.0, 1.0, 1.0, 1.0]])
     k = schedule_tokens(conf, torch.ones(3, dtype=torch.bool), SPSTable([1], [7.0]))
     assert k.tolist() == [3, 4, 0]
-    assert schedule_tokens(conf, torch.ones(3, dtype=torch.bool), SPSTable([1], [7.0]), max_spec_len=2).tolist() \
-        == [2, 2, 0]
+    assert schedule_tokens(conf, torch.ones(3, dtype=torch.bool), SPSTable([1], [7.0]), max_spec_len=2).tolist() == [
+        2,
+        2,
+        0,
+    ]
 
 
 def test_steep_sps_verifies_little():
     conf = torch.full((4, 7), 0.8)
     tokens = list(range(4, 33))
-    steep = SPSTable(tokens, [1.0 / t ** 2 for t in tokens])   # Θ <= 1/T: nothing pays off
+    steep = SPSTable(tokens, [1.0 / t**2 for t in tokens])  # Θ <= 1/T: nothing pays off
     assert schedule_tokens(conf, torch.ones(4, dtype=torch.bool), steep).tolist() == [0, 0, 0, 0]
-    mild = SPSTable(tokens, [1.0 / t ** 0.5 for t in tokens])
+    mild = SPSTable(tokens, [1.0 / t**0.5 for t in tokens])
     flat = SPSTable(tokens, [1.0] * len(tokens))
     n_mild = int(schedule_tokens(conf, torch.ones(4, dtype=torch.bool), mild).sum())
     n_flat = int(schedule_tokens(conf, torch.ones(4, dtype=torch.bool), flat).sum())
@@ -116,8 +132,12 @@ def test_finished_requests_get_zero_and_cost_nothing():
 def test_scheduler_interface_and_delay():
     sps = SPSTable([1], [1.0])
     sched = ConfidenceScheduler(3, sps, delay=2)
-    steps = [torch.tensor([[0.9, 0.9, 0.9, 0.9]]), torch.tensor([[0.9, 0.0, 0.9, 0.9]]),
-             torch.tensor([[0.0, 0.9, 0.9, 0.9]]), torch.tensor([[0.9, 0.9, 0.0, 0.0]])]
+    steps = [
+        torch.tensor([[0.9, 0.9, 0.9, 0.9]]),
+        torch.tensor([[0.9, 0.0, 0.9, 0.9]]),
+        torch.tensor([[0.0, 0.9, 0.9, 0.9]]),
+        torch.tensor([[0.9, 0.9, 0.0, 0.0]]),
+    ]
     active = torch.tensor([True])
     got = [int(sched(SimpleNamespace(active=active, confidence=c))[0]) for c in steps]
     assert got == [3, 3, 3, 1]  # step n uses step n-2's confidences (the oldest it has at first)
@@ -128,22 +148,32 @@ def test_scheduler_interface_and_delay():
 
 
 def test_profile_sps_and_cache(tmp_path):
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
-                      torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+        torch_dtype="float32",
+    )
     target = Qwen3ForCausalLM(cfg)
     target.init_weights(0)
     path = tmp_path / "sps.json"
-    table = profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, repeats=2, warmup=1,
-                        cache_file=path)
+    table = profile_sps(
+        target, batch_size=2, token_counts=[2, 4, 8], context_len=16, repeats=2, warmup=1, cache_file=path
+    )
     assert table.tokens.tolist() == [2, 4, 8] and bool((table.sps > 0).all())
     saved = json.loads(path.read_text())
     assert saved["tokens"] == [2, 4, 8]
     # A second call reads the cache (doctor it to tell the two apart).
     saved["sps"] = [3.0, 2.0, 1.0]
     path.write_text(json.dumps(saved))
-    assert profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path,
-                       repeats=2, warmup=1).sps.tolist() == [3.0, 2.0, 1.0]
+    assert profile_sps(
+        target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path, repeats=2, warmup=1
+    ).sps.tolist() == [3.0, 2.0, 1.0]
     with pytest.raises(ValueError, match=">= 2"):
         profile_sps(target, batch_size=2, token_counts=[1, 4], cache_file=tmp_path / "x.json")
 
@@ -157,16 +187,26 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     from flashspark.models.dspark import DSparkConfig, DSparkDrafter
     from flashspark.spec import speculative_generate
 
-    cfg = Qwen3Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=160,
-                      torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=160,
+        torch_dtype="float32",
+    )
     target = Qwen3ForCausalLM(cfg)
     target.init_weights(0)
     with torch.no_grad():
         target.model.embed_tokens.weight.mul_(30)
     target.eval()
-    d = DSparkDrafter(DSparkConfig.for_target(cfg, num_hidden_layers=1, block_size=5, mask_token_id=1,
-                                              num_features=2, markov_rank=8), target)
+    d = DSparkDrafter(
+        DSparkConfig.for_target(cfg, num_hidden_layers=1, block_size=5, mask_token_id=1, num_features=2, markov_rank=8),
+        target,
+    )
     d.init_weights(1)
     with torch.no_grad():
         for name, p in d.named_parameters():
@@ -197,7 +237,7 @@ def test_conditional_confidences_reproduce_mean_survival():
     """Correlated blocks (all sure or all unsure): the product of mean c's understates the mean
     survival; `conditional` returns c's whose product is exactly the mean survival."""
     conf = torch.tensor([[1.0, 1.0], [0.2, 0.2]], dtype=torch.float64)
-    mean_a = prefix_survival(conf).mean(0)                                   # [0.6, 0.52]
+    mean_a = prefix_survival(conf).mean(0)  # [0.6, 0.52]
     c = conditional(mean_a)
     torch.testing.assert_close(c.cumprod(0), mean_a)
     assert float(conf.mean(0).prod()) < float(mean_a[-1]) - 0.1

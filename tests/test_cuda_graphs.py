@@ -2,10 +2,9 @@
 on sizes, so a CUDA graph can capture them: capture once, then replay on new
 input values and compare with eager calls. GPU only."""
 
+import flashspark
 import pytest
 import torch
-
-import flashspark
 from flashspark.reference import rope_cos_sin_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -49,13 +48,14 @@ def test_verify_in_a_graph():
         cu = (torch.arange(B + 1, dtype=torch.int32) * K).cuda()
         q = torch.softmax(torch.randn(B * K, V, generator=g), -1).cuda()
         temp = torch.full((B,), 0.8).cuda()
-        seeds = torch.randint(0, 2 ** 40, (B,), generator=g).cuda()
+        seeds = torch.randint(0, 2**40, (B,), generator=g).cuda()
         offsets = torch.full((B,), t * 16, dtype=torch.int64).cuda()
         return logits, drafts, cu, q, temp, seeds, offsets
 
     def fn(logits, drafts, cu, q, temp, seeds, offsets):
-        return flashspark.verify(logits, drafts, cu, draft_probs=q, temperature=temp, seeds=seeds, offsets=offsets,
-                                 max_spec_len=K)
+        return flashspark.verify(
+            logits, drafts, cu, draft_probs=q, temperature=temp, seeds=seeds, offsets=offsets, max_spec_len=K
+        )
 
     replay_matches(fn, make)
 
@@ -65,10 +65,16 @@ def test_drafter_ops_in_a_graph():
 
     def make(t):
         g = torch.Generator().manual_seed(100 + t)
-        return (torch.randn(B, G, Hq, D, generator=g).cuda(), torch.randn(B, Hkv, S, D, generator=g).cuda(),
-                torch.randn(B, Hkv, S, D, generator=g).cuda(), torch.randint(0, S, (B,), generator=g).int().cuda(),
-                torch.randn(B, G, Hkv, D, generator=g).cuda(), torch.randn(B, G, Hkv, D, generator=g).cuda(),
-                torch.randn(B, V, generator=g).cuda(), torch.randint(0, V, (B,), generator=g).cuda())
+        return (
+            torch.randn(B, G, Hq, D, generator=g).cuda(),
+            torch.randn(B, Hkv, S, D, generator=g).cuda(),
+            torch.randn(B, Hkv, S, D, generator=g).cuda(),
+            torch.randint(0, S, (B,), generator=g).int().cuda(),
+            torch.randn(B, G, Hkv, D, generator=g).cuda(),
+            torch.randn(B, G, Hkv, D, generator=g).cuda(),
+            torch.randn(B, V, generator=g).cuda(),
+            torch.randint(0, V, (B,), generator=g).cuda(),
+        )
 
     w1, w2 = torch.randn(V, r).cuda(), torch.randn(V, r).cuda()
     hid, cw, cb = torch.randn(B, 16).cuda(), torch.randn(16 + r).cuda(), torch.zeros(1).cuda()
@@ -77,8 +83,9 @@ def test_drafter_ops_in_a_graph():
     def fn(q, kc, vc, lens, kb, vb, base, prev):
         att = flashspark.ops.block_diffusion_attention(q, kc, vc, lens, kb, vb, 0.125)
         vals, ids, lse = flashspark.ops.topk_select(base, 16)
-        tok, probs, conf = flashspark.ops.markov_step(base, prev, w1, w2, hid, cw, cb, temperature=temp, seeds=seeds,
-                                                      positions=pos)
+        tok, probs, conf = flashspark.ops.markov_step(
+            base, prev, w1, w2, hid, cw, cb, temperature=temp, seeds=seeds, positions=pos
+        )
         return att, vals, ids, lse, tok, probs, conf
 
     replay_matches(fn, make)
@@ -93,8 +100,12 @@ def test_inject_in_a_graph():
     def make(t):
         g = torch.Generator().manual_seed(200 + t)
         flat = torch.randperm(B * S, generator=g)[:N]
-        return (torch.randn(N, Hkv, D, generator=g).cuda(), torch.randn(N, Hkv, D, generator=g).cuda(),
-                (flat % S).cuda(), (flat // S).int().cuda())
+        return (
+            torch.randn(N, Hkv, D, generator=g).cuda(),
+            torch.randn(N, Hkv, D, generator=g).cuda(),
+            (flat % S).cuda(),
+            (flat // S).int().cuda(),
+        )
 
     def fn(k, v, pos, slots):
         kc.zero_()

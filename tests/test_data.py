@@ -4,9 +4,7 @@ import hashlib
 
 import numpy as np
 import pytest
-
 from flashspark import data
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,11 +71,15 @@ def test_encode_texts_separates_files(tok):
 
 
 def test_extract_prose():
-    src = '"""Module doc about things here."""\n# a comment that explains\n# over two lines\nx = 1  # noqa\n' \
-          'def f():\n    """Return nothing useful at all."""\n'
-    assert data.extract_prose(src) == ["Module doc about things here.",
-                                       "a comment that explains over two lines",
-                                       "Return nothing useful at all."]
+    src = (
+        '"""Module doc about things here."""\n# a comment that explains\n# over two lines\nx = 1  # noqa\n'
+        'def f():\n    """Return nothing useful at all."""\n'
+    )
+    assert data.extract_prose(src) == [
+        "Module doc about things here.",
+        "a comment that explains over two lines",
+        "Return nothing useful at all.",
+    ]
 
 
 @pytest.mark.parametrize("task", ["code", "prose"])

@@ -7,20 +7,34 @@ import math
 
 import pytest
 import torch
-
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
-from flashspark.models.dflash2 import (DFlash2Config, DFlash2Drafter, TwoTapConv, load_dflash2, path_signals,
-                                       save_dflash2)
+from flashspark.models.dflash2 import (
+    DFlash2Config,
+    DFlash2Drafter,
+    TwoTapConv,
+    load_dflash2,
+    path_signals,
+    save_dflash2,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 101
 
 
 def tiny_target(seed=0, vocab=VOCAB) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0,
-                      max_position_embeddings=96, torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=5000.0,
+        max_position_embeddings=96,
+        torch_dtype="float32",
+    )
     m = Qwen3ForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():
@@ -29,8 +43,15 @@ def tiny_target(seed=0, vocab=VOCAB) -> Qwen3ForCausalLM:
 
 
 def tiny_dflash2(target, seed=1, block_size=4, use_ops=True) -> DFlash2Drafter:
-    cfg = DFlash2Config.for_target(target.config, num_hidden_layers=2, block_size=block_size, mask_token_id=1,
-                                   num_features=3, selector_rank=8, selector_topk=6)
+    cfg = DFlash2Config.for_target(
+        target.config,
+        num_hidden_layers=2,
+        block_size=block_size,
+        mask_token_id=1,
+        num_features=3,
+        selector_rank=8,
+        selector_topk=6,
+    )
     d = DFlash2Drafter(cfg, target, use_ops=use_ops)
     d.init_weights(seed)
     g = torch.Generator().manual_seed(seed)
@@ -84,8 +105,10 @@ def test_identity_convs_reduce_to_dflash():
     torch.manual_seed(0)
     target = tiny_target()
     d2 = tiny_dflash2(target)  # convs far from identity: loading a DFlash backbone resets them
-    base = DFlashDrafter(DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=4, mask_token_id=1,
-                                                 num_features=3), target)
+    base = DFlashDrafter(
+        DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=4, mask_token_id=1, num_features=3),
+        target,
+    )
     base.init_weights(3)
     d2.load_dflash_backbone(base.state_dict())
     tokens = torch.randint(0, VOCAB, (2, 30))
@@ -120,8 +143,12 @@ def test_propose_ops_equal_reference(mode):
     offsets = torch.tensor([0, 5, 9])
     with torch.no_grad():
         hidden = target(tokens, hidden_layers=d_op.config.target_layer_ids).hidden
-        outs = [d.propose(fill_cache(d, hidden, ctx), anchor, ctx, mode=mode, temperature=temp, seeds=seeds,
-                          offsets=offsets) for d in (d_op, d_ref)]
+        outs = [
+            d.propose(
+                fill_cache(d, hidden, ctx), anchor, ctx, mode=mode, temperature=temp, seeds=seeds, offsets=offsets
+            )
+            for d in (d_op, d_ref)
+        ]
     (t1, c1, q1, s1), (t2, c2, q2, s2) = outs
     assert t1.shape == (B, 3) and t1.dtype == torch.int64
     assert torch.equal(t1, t2) and torch.equal(c1.long(), c2.long())
@@ -152,10 +179,24 @@ def test_propose_sampling_defaults(use_ops):
     with torch.no_grad():
         cache = fill_cache(d, target(tokens, hidden_layers=d.config.target_layer_ids).hidden, ctx)
         got = d.propose(cache, anchor, ctx, mode="sample")
-        want = d.propose(cache, anchor, ctx, mode="sample", temperature=torch.ones(B),
-                         seeds=torch.zeros(B, dtype=torch.int64), offsets=torch.zeros(B, dtype=torch.int64))
-        other_seed = d.propose(cache, anchor, ctx, mode="sample", temperature=torch.ones(B),
-                               seeds=torch.full((B,), 7, dtype=torch.int64), offsets=torch.zeros(B, dtype=torch.int64))
+        want = d.propose(
+            cache,
+            anchor,
+            ctx,
+            mode="sample",
+            temperature=torch.ones(B),
+            seeds=torch.zeros(B, dtype=torch.int64),
+            offsets=torch.zeros(B, dtype=torch.int64),
+        )
+        other_seed = d.propose(
+            cache,
+            anchor,
+            ctx,
+            mode="sample",
+            temperature=torch.ones(B),
+            seeds=torch.full((B,), 7, dtype=torch.int64),
+            offsets=torch.zeros(B, dtype=torch.int64),
+        )
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
     assert not torch.equal(got[0], other_seed[0])  # the seed reaches the draws
     assert got[0].shape == (B, d.block_size - 1)
@@ -178,7 +219,7 @@ def test_training_form_equals_inference_form():
         for j in range(2):
             ctx = anchors[:, j]
             got = d.draft_hidden(fill_cache(d, hidden, ctx), tokens.gather(1, ctx[:, None])[:, 0], ctx)
-            torch.testing.assert_close(got, want[:, j * g:(j + 1) * g], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(got, want[:, j * g : (j + 1) * g], atol=1e-4, rtol=1e-4)
 
 
 def test_backtrack_path_is_max_score():
@@ -197,8 +238,8 @@ def test_backtrack_path_is_max_score():
         cand2, unary, gg = d.lattice(h)
     K = cand.shape[-1]
     best, best_path = -math.inf, None
-    for idx in range(K ** 3):
-        path = [idx // K ** 2, (idx // K) % K, idx % K]
+    for idx in range(K**3):
+        path = [idx // K**2, (idx // K) % K, idx % K]
         total, prev = 0.0, anchor[0]
         for t, c in enumerate(path):
             with torch.no_grad():
@@ -240,8 +281,12 @@ def test_path_signals_hand_computed():
     assert math.isclose(float(s.unary_top1[0, 1]), 0.9, rel_tol=1e-6)
     assert math.isclose(float(s.entropy[0, 1]), math.log(3), rel_tol=1e-6)
     assert s.position.tolist() == [[1, 2]] and s.features().shape == (1, 2, 4)
-    assert s.features()[0, 1].tolist() == [float(s.chosen_prob[0, 1]), 0.0, float(s.unary_top1[0, 1]),
-                                           float(s.entropy[0, 1])]
+    assert s.features()[0, 1].tolist() == [
+        float(s.chosen_prob[0, 1]),
+        0.0,
+        float(s.unary_top1[0, 1]),
+        float(s.entropy[0, 1]),
+    ]
 
 
 def test_save_load_round_trip(tmp_path):

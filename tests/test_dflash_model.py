@@ -6,28 +6,45 @@ import dataclasses
 
 import pytest
 import torch
-
 from flashspark import data, reference
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM, load_model
-from flashspark.models.dflash import (DFlashConfig, DFlashDrafter, block_attention_sdpa, block_mask,
-                                      load_dflash, packed_blocks, save_dflash, target_layer_ids)
+from flashspark.models.dflash import (
+    DFlashConfig,
+    DFlashDrafter,
+    block_attention_sdpa,
+    block_mask,
+    load_dflash,
+    packed_blocks,
+    save_dflash,
+    target_layer_ids,
+)
 
 SHIPPED_TARGET = data.ASSETS_DIR / "target"
 SHIPPED_DFLASH = data.ASSETS_DIR / "dflash"
 
 
 def tiny_target(seed=0, vocab=101, layers=3) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0,
-                      max_position_embeddings=96, torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=5000.0,
+        max_position_embeddings=96,
+        torch_dtype="float32",
+    )
     m = Qwen3ForCausalLM(cfg)
     m.init_weights(seed)
     return m.eval()
 
 
 def tiny_drafter(target, seed=1, layers=2, block_size=4, use_ops=True) -> DFlashDrafter:
-    cfg = DFlashConfig.for_target(target.config, num_hidden_layers=layers, block_size=block_size,
-                                  mask_token_id=1, num_features=3)
+    cfg = DFlashConfig.for_target(
+        target.config, num_hidden_layers=layers, block_size=block_size, mask_token_id=1, num_features=3
+    )
     d = DFlashDrafter(cfg, target, use_ops=use_ops)
     d.init_weights(seed)
     with torch.no_grad():  # non-trivial norms and larger weights so every piece matters
@@ -82,7 +99,7 @@ def test_inference_form_equals_training_form(use_ops):
                 bs, ts = torch.tensor(rows).T
                 d.inject(cache, hidden[bs, ts], ts, bs)
             got = d.draft_hidden(cache, tokens.gather(1, ctx[:, None])[:, 0], ctx)
-            torch.testing.assert_close(got, want[:, j * g:(j + 1) * g], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got, want[:, j * g : (j + 1) * g], atol=1e-5, rtol=1e-5)
             logits = d.draft_logits(cache, tokens.gather(1, ctx[:, None])[:, 0], ctx)
             assert logits.shape == (B, g - 1, 101) and logits.dtype == torch.float32
 
@@ -98,10 +115,10 @@ def test_block_mask_isolates_blocks():
         bt, pos = packed_blocks(tokens, anchors, 5, 1)
         packed = d(hidden, bt, pos, block_mask(anchors, 30, 5))
         for j in range(3):
-            a = anchors[:, j:j + 1]
+            a = anchors[:, j : j + 1]
             bt1, pos1 = packed_blocks(tokens, a, 5, 1)
             one = d(hidden, bt1, pos1, block_mask(a, 30, 5))
-            torch.testing.assert_close(packed[:, 5 * j:5 * j + 5], one, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(packed[:, 5 * j : 5 * j + 5], one, atol=1e-5, rtol=1e-5)
     assert bt[0, 0] == tokens[0, 3] and (bt[0, 1:5] == 1).all() and pos[0, :5].tolist() == [3, 4, 5, 6, 7]
 
 
@@ -147,6 +164,7 @@ def test_save_load_round_trip(tmp_path):
     d = tiny_drafter(target)
     save_dflash(d, tmp_path, dtype=torch.float32)
     from safetensors.torch import load_file
+
     assert set(load_file(str(tmp_path / "model.safetensors"))) == set(d.state_dict())
     d2 = load_dflash(tmp_path, target)
     assert dataclasses.replace(d2.config, torch_dtype="x") == dataclasses.replace(d.config, torch_dtype="x")

@@ -8,7 +8,6 @@ import json
 
 import pytest
 import torch
-
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
@@ -19,9 +18,18 @@ VOCAB = 97
 
 
 def tiny_target(seed=0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0,
-                      max_position_embeddings=96, torch_dtype="float32")
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=5000.0,
+        max_position_embeddings=96,
+        torch_dtype="float32",
+    )
     m = Qwen3ForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():
@@ -30,8 +38,9 @@ def tiny_target(seed=0) -> Qwen3ForCausalLM:
 
 
 def tiny_dspark(target, seed=1, block_size=5, use_ops=True, markov=True) -> DSparkDrafter:
-    cfg = DSparkConfig.for_target(target.config, num_hidden_layers=2, block_size=block_size, mask_token_id=1,
-                                  num_features=3, markov_rank=8)
+    cfg = DSparkConfig.for_target(
+        target.config, num_hidden_layers=2, block_size=block_size, mask_token_id=1, num_features=3, markov_rank=8
+    )
     d = DSparkDrafter(cfg, target, use_ops=use_ops)
     d.init_weights(seed)
     g = torch.Generator().manual_seed(seed)
@@ -132,11 +141,17 @@ def test_markov_head_conditions_on_previous_draft():
 
 def test_dflash_backbone_start():
     target = tiny_target()
-    base = DFlashDrafter(DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=5, mask_token_id=1,
-                                                 num_features=3), target)
+    base = DFlashDrafter(
+        DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=5, mask_token_id=1, num_features=3),
+        target,
+    )
     base.init_weights(5)
-    d = DSparkDrafter(DSparkConfig.for_target(target.config, num_hidden_layers=2, block_size=5, mask_token_id=1,
-                                              num_features=3, markov_rank=8), target)
+    d = DSparkDrafter(
+        DSparkConfig.for_target(
+            target.config, num_hidden_layers=2, block_size=5, mask_token_id=1, num_features=3, markov_rank=8
+        ),
+        target,
+    )
     d.init_weights(0)
     with torch.no_grad():
         d.markov_w2.weight.normal_()  # loading a DFlash backbone silences the Markov term again
@@ -214,7 +229,7 @@ def test_sparse_tv():
     p = torch.softmax(torch.randn(3, 10), -1)
     full = 0.5 * (p - q).abs().sum(-1)
     v, i = p.topk(10, -1)
-    torch.testing.assert_close(sparse_tv(q, i, v.log()), full)           # K = V: exact
+    torch.testing.assert_close(sparse_tv(q, i, v.log()), full)  # K = V: exact
     v4, i4 = p.topk(4, -1)
     part = sparse_tv(q, i4, v4.log())
     assert bool((part <= full + 1e-6).all()) and bool((part >= full - (1 - v4.sum(-1)) - 1e-6).all())

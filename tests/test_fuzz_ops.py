@@ -48,9 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 import fuzz_child
+import pytest
 
 # ---------------------------------------------------------------- budgets
 
@@ -79,8 +78,14 @@ def _bases(count):
     """fuzz_bases.draw_all in a process that loads no project module: hypothesis mixes literals of the
     loaded modules into its draws, so drawing here would depend on what else the session imported."""
     with tempfile.TemporaryDirectory() as tmp:  # the working directory takes hypothesis' cache directory
-        out = subprocess.run([sys.executable, str(BASES), str(count)], cwd=tmp, capture_output=True, text=True,
-                             timeout=START_TIMEOUT_S, check=True)
+        out = subprocess.run(
+            [sys.executable, str(BASES), str(count)],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+            check=True,
+        )
     return json.loads(out.stdout)
 
 
@@ -89,8 +94,9 @@ def draw_bases(op, count=BASES_PER_OP):
     return _bases(count)[op]
 
 
-def make_cases(ops=OPS, bases_per_op=BASES_PER_OP, mutation_bases=MUTATION_BASES, impl=None, only=None,
-               status_twins=True):
+def make_cases(
+    ops=OPS, bases_per_op=BASES_PER_OP, mutation_bases=MUTATION_BASES, impl=None, only=None, status_twins=True
+):
     """Every mutation of every op on mutation_bases bases, plus each base unmutated; with status_twins, the
     value / non-finite / empty / valid cases of ops that take a status tensor also run with one."""
     cases = []
@@ -99,8 +105,12 @@ def make_cases(ops=OPS, bases_per_op=BASES_PER_OP, mutation_bases=MUTATION_BASES
         mids = [m for m in fuzz_child.MUTATIONS[op] if only is None or only(m)]
         for j, mid in enumerate(mids):
             picks = range(len(bases)) if mid == "valid" else [(j + s) % len(bases) for s in range(mutation_bases)]
-            twin = (status_twins and op in fuzz_child.STATUS_OPS and mutation_class(mid) in fuzz_child.STATUS_CLASSES
-                    and fuzz_child.MUTATIONS[op][mid].arg != "status")
+            twin = (
+                status_twins
+                and op in fuzz_child.STATUS_OPS
+                and mutation_class(mid) in fuzz_child.STATUS_CLASSES
+                and fuzz_child.MUTATIONS[op][mid].arg != "status"
+            )
             for i in sorted(set(picks)):
                 case = dict(id=f"{impl or op}/{mid}/b{i}", op=op, impl=impl or op, base=bases[i], mutation=mid)
                 cases.append(case)
@@ -139,8 +149,12 @@ def run_child(cases, case_timeout):
         cases_path.write_text(json.dumps(cases))
         failure = None
         with open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, str(CHILD), str(cases_path), str(report_path)], cwd=CHILD.parent,
-                                    stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(
+                [sys.executable, str(CHILD), str(cases_path), str(report_path)],
+                cwd=CHILD.parent,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
             size, last_change = -1, time.monotonic()
             while proc.poll() is None:
                 now_size = report_path.stat().st_size if report_path.exists() else 0
@@ -162,8 +176,16 @@ def run_child(cases, case_timeout):
 
 
 def crash_record(case, message):
-    return dict(id=case["id"], op=case["op"], impl=case["impl"], mutation=case["mutation"], expect="no crash",
-                outcome="crash", message=message, notes=[])
+    return dict(
+        id=case["id"],
+        op=case["op"],
+        impl=case["impl"],
+        mutation=case["mutation"],
+        expect="no crash",
+        outcome="crash",
+        message=message,
+        notes=[],
+    )
 
 
 def run_batch(cases, case_timeout=CASE_TIMEOUT_S):
@@ -194,14 +216,16 @@ def run_batch(cases, case_timeout=CASE_TIMEOUT_S):
                 results[suspect["id"]] = crash_record(suspect, f"crash: {failure}; alone: {alone_failure}")
             else:
                 results[suspect["id"]] = crash_record(
-                    suspect, f"crash: {failure}, after the earlier cases of its batch (alone: "
-                             f"{alone.get(suspect['id'], {}).get('outcome', alone_failure)})")
+                    suspect,
+                    f"crash: {failure}, after the earlier cases of its batch (alone: "
+                    f"{alone.get(suspect['id'], {}).get('outcome', alone_failure)})",
+                )
         todo = [c for c in todo if c["id"] not in results]
     return results
 
 
 def run_cases(cases, **timeouts):
-    batches = [cases[i: i + BATCH_SIZE] for i in range(0, len(cases), BATCH_SIZE)]
+    batches = [cases[i : i + BATCH_SIZE] for i in range(0, len(cases), BATCH_SIZE)]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=CHILDREN) as pool:
         for got in pool.map(lambda batch: run_batch(batch, **timeouts), batches):
@@ -258,8 +282,9 @@ def test_fuzz_op(fuzz_records, op):
     assert records, f"no cases for {op}"
     failures = [r for r in records if r["outcome"] in FAILING]
     if failures:
-        pytest.fail(f"{len(failures)} of {len(records)} fuzz cases of {op} fail:\n" + format_failures(failures),
-                    pytrace=False)
+        pytest.fail(
+            f"{len(failures)} of {len(records)} fuzz cases of {op} fail:\n" + format_failures(failures), pytrace=False
+        )
 
 
 def test_fuzz_covers_every_mutation(fuzz_records):
@@ -275,23 +300,57 @@ def test_fuzz_covers_every_mutation(fuzz_records):
 
 
 # A sampled batch whose draws decide the output (for the planted wrong stream position).
-SAMPLED_VERIFY_BASE = dict(seed=11, num_draft=[4, 4, 4], V=30, q_mode="dense", K=2, dtype="float32",
-                           temps=[1.0, 1.0, 1.0, 1.0], extra_spec=0, index64=False)
+SAMPLED_VERIFY_BASE = dict(
+    seed=11,
+    num_draft=[4, 4, 4],
+    V=30,
+    q_mode="dense",
+    K=2,
+    dtype="float32",
+    temps=[1.0, 1.0, 1.0, 1.0],
+    extra_spec=0,
+    index64=False,
+)
 
 PLANTED = {
     # impl: (op, mutations it runs on, the mutations where it must be caught, fixed base or None, with status)
-    "planted_verify_clamped": ("verify", ["valid", "value:draft_tokens:-2", "value:draft_tokens:upper"],
-                               ["value:draft_tokens:-2", "value:draft_tokens:upper"], None, False),
-    "planted_verify_wrap32": ("verify", ["value:draft_tokens:2**32+valid", "value:cu_num_draft:wrap"],
-                              ["value:draft_tokens:2**32+valid", "value:cu_num_draft:wrap"], None, False),
+    "planted_verify_clamped": (
+        "verify",
+        ["valid", "value:draft_tokens:-2", "value:draft_tokens:upper"],
+        ["value:draft_tokens:-2", "value:draft_tokens:upper"],
+        None,
+        False,
+    ),
+    "planted_verify_wrap32": (
+        "verify",
+        ["value:draft_tokens:2**32+valid", "value:cu_num_draft:wrap"],
+        ["value:draft_tokens:2**32+valid", "value:cu_num_draft:wrap"],
+        None,
+        False,
+    ),
     "planted_verify_tail_zero": ("verify", ["size:max_spec_len:above"], ["size:max_spec_len:above"], None, False),
     "planted_verify_offsets": ("verify", ["valid"], ["valid"], SAMPLED_VERIFY_BASE, False),
-    "planted_verify_status_swallowed": ("verify", ["value:draft_tokens:upper"], ["value:draft_tokens:upper"], None,
-                                        True),
-    "planted_topk_raw": ("topk_select", ["nonfinite:logits:nan", "nonfinite:logits:nan-row"],
-                         ["nonfinite:logits:nan", "nonfinite:logits:nan-row"], None, False),
-    "planted_markov_plain_softmax": ("markov_step", ["nonfinite:base_logits:nan-row"],
-                                     ["nonfinite:base_logits:nan-row"], None, False),
+    "planted_verify_status_swallowed": (
+        "verify",
+        ["value:draft_tokens:upper"],
+        ["value:draft_tokens:upper"],
+        None,
+        True,
+    ),
+    "planted_topk_raw": (
+        "topk_select",
+        ["nonfinite:logits:nan", "nonfinite:logits:nan-row"],
+        ["nonfinite:logits:nan", "nonfinite:logits:nan-row"],
+        None,
+        False,
+    ),
+    "planted_markov_plain_softmax": (
+        "markov_step",
+        ["nonfinite:base_logits:nan-row"],
+        ["nonfinite:base_logits:nan-row"],
+        None,
+        False,
+    ),
     "planted_inject_stray_write": ("inject_context_kv", ["valid"], ["valid"], None, False),
 }
 
@@ -302,8 +361,9 @@ def planted_cases():
         if base is not None:
             cases += [dict(id=f"{impl}/{mid}/fixed", op=op, impl=impl, base=base, mutation=mid) for mid in mids]
             continue
-        for case in make_cases([op], PLANTED_BASES, PLANTED_BASES, impl=impl, only=lambda m, mids=mids: m in mids,
-                               status_twins=with_status):
+        for case in make_cases(
+            [op], PLANTED_BASES, PLANTED_BASES, impl=impl, only=lambda m, mids=mids: m in mids, status_twins=with_status
+        ):
             if case.get("status") or not with_status:
                 cases.append(case)
     return cases
@@ -328,8 +388,9 @@ def test_crash_and_hang_are_named():
     """The harness: a case that kills its child or hangs is named, and the cases around it still run."""
     base = draw_bases("topk_select", 1)[0]
     impls = ["topk_select", "planted_segfault", "topk_select", "planted_hang", "topk_select"]
-    cases = [dict(id=f"{impl}/{i}", op="topk_select", impl=impl, base=base, mutation="valid")
-             for i, impl in enumerate(impls)]
+    cases = [
+        dict(id=f"{impl}/{i}", op="topk_select", impl=impl, base=base, mutation="valid") for i, impl in enumerate(impls)
+    ]
     records = {r["id"]: r for r in run_cases(cases, case_timeout=HARNESS_CASE_TIMEOUT_S)}
     assert records["planted_segfault/1"]["outcome"] == "crash"
     assert "SIGSEGV" in records["planted_segfault/1"]["message"]

@@ -1,11 +1,10 @@
 """Tests of the DFlash ops (block_diffusion_attention, inject_context_kv) against
 their pure-PyTorch oracles and against the unfused PyTorch paths they replace."""
 
+import flashspark
 import pytest
 import torch
 import torch.nn.functional as F
-
-import flashspark
 from flashspark.reference import (
     block_diffusion_attention_reference,
     inject_context_kv_reference,
@@ -38,8 +37,9 @@ def sdpa_path(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
         n = int(ctx_lens[b])
         keys = torch.cat([k_cache[b, :, :n], k_block[b].transpose(0, 1)], dim=1).float()
         vals = torch.cat([v_cache[b, :, :n], v_block[b].transpose(0, 1)], dim=1).float()
-        o = F.scaled_dot_product_attention(q[b].transpose(0, 1).float()[None], keys[None], vals[None],
-                                           scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[b].transpose(0, 1).float()[None], keys[None], vals[None], scale=scale, enable_gqa=True
+        )
         outs.append(o[0].transpose(0, 1))
     return torch.stack(outs).to(q.dtype)
 
@@ -50,7 +50,7 @@ def sdpa_path(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
 def test_attention_matches_reference(device, dtype, gamma, hq, hkv):
     ctx = [0, 1, 17, 300]
     args = attn_inputs(4, gamma, hq, hkv, 64, ctx, 320, dtype, device, seed=gamma + hq)
-    scale = 64 ** -0.5
+    scale = 64**-0.5
     got = flashspark.ops.block_diffusion_attention(*args, scale)
     want = block_diffusion_attention_reference(*args, scale)
     assert got.shape == want.shape and got.dtype == dtype
@@ -107,8 +107,18 @@ ATTN_BAD = [
     ("ctx_lens", lambda a: {**a, "ctx_lens": torch.tensor([1, -1], dtype=torch.int32)}),
     ("ctx_lens", lambda a: {**a, "ctx_lens": torch.tensor([1.0, 2.0])}),
     ("ctx_lens", lambda a: {**a, "ctx_lens": torch.tensor([1, 2, 3], dtype=torch.int32)}),
-    ("head_dim", lambda a: {**a, **dict(zip(["q", "k_cache", "v_cache", "ctx_lens", "k_block", "v_block"],
-                                            attn_inputs(2, 3, 4, 2, 264, [3, 0], 6, torch.float32, "cpu")))}),
+    (
+        "head_dim",
+        lambda a: {
+            **a,
+            **dict(
+                zip(
+                    ["q", "k_cache", "v_cache", "ctx_lens", "k_block", "v_block"],
+                    attn_inputs(2, 3, 4, 2, 264, [3, 0], 6, torch.float32, "cpu"),
+                )
+            ),
+        },
+    ),
 ]
 
 
@@ -180,8 +190,9 @@ def test_inject_into_layer_slice_and_strided_tokens(device):
     big_v = torch.zeros_like(big_k)
     flashspark.ops.inject_context_kv(k[::2], v[::2], pos[::2], slots[::2], w, cs, 1e-6, big_k[1], big_v[1])
     ref_k, ref_v = torch.zeros(2, hkv, 16, dim), torch.zeros(2, hkv, 16, dim)
-    inject_context_kv_reference(k[::2].cpu(), v[::2].cpu(), pos[::2].cpu(), slots[::2].cpu(), w.cpu(), cs.cpu(), 1e-6,
-                                ref_k, ref_v)
+    inject_context_kv_reference(
+        k[::2].cpu(), v[::2].cpu(), pos[::2].cpu(), slots[::2].cpu(), w.cpu(), cs.cpu(), 1e-6, ref_k, ref_v
+    )
     torch.testing.assert_close(big_k[1].cpu(), ref_k, atol=2e-5, rtol=2e-5)
     assert (big_k[0] == 0).all() and (big_k[2] == 0).all()
 

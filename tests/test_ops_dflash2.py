@@ -4,10 +4,9 @@ their pure-PyTorch oracles, brute force, and distribution checks."""
 import itertools
 import math
 
+import flashspark
 import pytest
 import torch
-
-import flashspark
 from flashspark.reference import path_select_reference, topk_select_reference, two_tap_conv_reference
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -46,8 +45,9 @@ def test_conv_ragged_blocks_and_3d(device):
     x3 = torch.randn(3, 8, 40, device=device)
     d3 = torch.randn(3, 8, 2, 3, device=device)
     a = flashspark.ops.two_tap_conv(x3, base, d3, 8)
-    b = flashspark.ops.two_tap_conv(x3.reshape(24, 40), base, d3.reshape(24, 2, 3),
-                                    cu_blocks=torch.tensor([0, 8, 16, 24], device=device))
+    b = flashspark.ops.two_tap_conv(
+        x3.reshape(24, 40), base, d3.reshape(24, 2, 3), cu_blocks=torch.tensor([0, 8, 16, 24], device=device)
+    )
     assert torch.equal(a.reshape(24, 40), b)
 
 
@@ -99,8 +99,9 @@ def test_conv_fused_projection_matches_reference(device, dtype, channels, residu
     # The same conv as an fp32 delta passed in (fp32: the unfused op on the projected taps).
     if dtype == torch.float32:
         delta = (x @ w.t()).view(rows, 2, groups)
-        torch.testing.assert_close(got, flashspark.ops.two_tap_conv(x, base, delta, 8, residual=res),
-                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            got, flashspark.ops.two_tap_conv(x, base, delta, 8, residual=res), atol=1e-5, rtol=1e-5
+        )
     # A projection that is not the identity's zero must move the output (the taps are read).
     plain = flashspark.ops.two_tap_conv(x, base, None, 8, residual=res, delta_weight=torch.zeros_like(w))
     assert not torch.equal(plain, got)
@@ -141,7 +142,7 @@ def test_conv_fused_norm_matches_reference(device, dtype, channels, taps, rows):
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
     # The same as normalizing first with Qwen3's RMSNorm (fp32) and running the plain op.
     if dtype == torch.float32:
-        xn = (nw * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)))
+        xn = nw * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
         plain = flashspark.ops.two_tap_conv(xn, base, d, 8, residual=res, **kw)
         torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got.float(), flashspark.ops.two_tap_conv(x, base, d, 8, residual=res, **kw).float())
@@ -154,8 +155,9 @@ def test_conv_fused_norm_ragged_strided_and_opcheck(device):
     cu = torch.tensor([0, 5, 6, 6, 19], dtype=torch.int32, device=device)
     wide = torch.zeros(19, 57, device=device)
     wide[:, 9:49] = x * 30
-    got = flashspark.ops.two_tap_conv(wide[:, 9:49], base, None, cu_blocks=cu, delta_weight=w, norm_weight=nw,
-                                      norm_eps=1e-6)
+    got = flashspark.ops.two_tap_conv(
+        wide[:, 9:49], base, None, cu_blocks=cu, delta_weight=w, norm_weight=nw, norm_eps=1e-6
+    )
     want = two_tap_conv_reference(x * 30, base, None, cu_blocks=cu.cpu(), delta_weight=w, norm_weight=nw, norm_eps=1e-6)
     torch.testing.assert_close(got.cpu(), want.cpu(), atol=1e-5, rtol=1e-5)
     op = torch.ops.flashspark.two_tap_conv.default
@@ -189,8 +191,19 @@ CONV_BAD = [
 @pytest.mark.parametrize("name,change", CONV_BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CONV_BAD)])
 def test_conv_bad_inputs(name, change):
     x, base, delta, _ = conv_inputs(10, 20, torch.float32, "cpu")
-    a = change(dict(x=x, base=base, delta=delta, block_size=4, cu_blocks=None, residual=None, delta_weight=None,
-                    norm_weight=None, norm_eps=1e-6))
+    a = change(
+        dict(
+            x=x,
+            base=base,
+            delta=delta,
+            block_size=4,
+            cu_blocks=None,
+            residual=None,
+            delta_weight=None,
+            norm_weight=None,
+            norm_eps=1e-6,
+        )
+    )
     with pytest.raises(RuntimeError, match=name):
         flashspark.ops.two_tap_conv(**a)
 
@@ -219,8 +232,22 @@ def test_topk_ties_and_masking(device):
     logits[1, [3, 9]] = 2.0
     values, ids, lse = flashspark.ops.topk_select(logits, 16)
     assert ids[0].cpu().tolist() == list(range(16))
-    assert ids[1].cpu().tolist()[:2] == [3, 9] and ids[1].cpu().tolist()[2:] == [0, 1, 2, 4, 5, 6, 7, 8, 10, 11, 12,
-                                                                                    13, 14, 15]
+    assert ids[1].cpu().tolist()[:2] == [3, 9] and ids[1].cpu().tolist()[2:] == [
+        0,
+        1,
+        2,
+        4,
+        5,
+        6,
+        7,
+        8,
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+    ]
     assert math.isclose(float(lse[0]), math.log(40), rel_tol=1e-6)
 
 
@@ -267,6 +294,7 @@ def test_backtrack_is_the_best_path_by_brute_force(device):
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(6, positions, k, device=device, seed=1)
     tokens, choice, scores, q = flashspark.ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode="backtrack")
     for r in range(6):
+
         def path_score(path):
             total, prev = 0.0, int(anchor[r])
             for t, c in enumerate(path):
@@ -274,6 +302,7 @@ def test_backtrack_is_the_best_path_by_brute_force(device):
                 total += float(unary[r, t, c]) + float((a_emb[prev] * g[r, t] * b_emb[tok]).sum())
                 prev = tok
             return total
+
         best = max(itertools.product(range(k), repeat=positions), key=path_score)
         assert tuple(choice[r].cpu().tolist()) == best
         assert math.isclose(path_score(choice[r].cpu().tolist()), path_score(best), rel_tol=1e-5)
@@ -283,14 +312,16 @@ def test_backtrack_is_the_best_path_by_brute_force(device):
 @pytest.mark.parametrize("mode", ["backtrack", "greedy", "sample"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_path_matches_reference(device, mode, dtype):
-    cand, unary, a_emb, b_emb, g, anchor = path_inputs(7, 15, 16, vocab=300, rank=32, dtype=dtype, device=device,
-                                                      seed=2)
+    cand, unary, a_emb, b_emb, g, anchor = path_inputs(
+        7, 15, 16, vocab=300, rank=32, dtype=dtype, device=device, seed=2
+    )
     temp = torch.full((7,), 0.8, device=device)
     temp[3] = 0.0  # sample mode at temperature 0 is greedy
     seeds = torch.arange(7, dtype=torch.int64, device=device) + 5
     offsets = torch.full((7,), 40, dtype=torch.int64, device=device)
-    got = flashspark.ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode=mode, temperature=temp, seeds=seeds,
-                                     offsets=offsets)
+    got = flashspark.ops.path_select(
+        cand, unary, a_emb, b_emb, g, anchor, mode=mode, temperature=temp, seeds=seeds, offsets=offsets
+    )
     want = path_select_reference(cand, unary, a_emb, b_emb, g, anchor, mode, temp, seeds, offsets)
     for a, b in zip(got[:2], want[:2]):
         assert torch.equal(a.cpu(), b.cpu())
@@ -305,8 +336,9 @@ def test_path_matches_reference(device, mode, dtype):
 def test_path_fused_g_matches_reference(device, mode, dtype, positions):
     """hidden + g_weight: the op computes g = hidden @ g_weight.T itself (fp32), here from
     strided rows of a wider state (odd D, positions not a multiple of the CPU's four rows)."""
-    cand, unary, a_emb, b_emb, _, anchor = path_inputs(5, positions, 16, vocab=300, rank=24, dtype=dtype,
-                                                     device=device, seed=6, scale=0.3)
+    cand, unary, a_emb, b_emb, _, anchor = path_inputs(
+        5, positions, 16, vocab=300, rank=24, dtype=dtype, device=device, seed=6, scale=0.3
+    )
     gen = torch.Generator().manual_seed(8)
     states = torch.randn(5, positions + 1, 71, generator=gen).to(dtype).to(device)
     hidden = states[:, 1:]  # non-contiguous, like the drafter's block positions 1..γ-1
@@ -314,8 +346,20 @@ def test_path_fused_g_matches_reference(device, mode, dtype, positions):
     temp = torch.full((5,), 0.9, device=device)
     seeds = torch.arange(5, dtype=torch.int64, device=device)
     offsets = torch.full((5,), 3, dtype=torch.int64, device=device)
-    got = flashspark.ops.path_select(cand, unary, a_emb, b_emb, None, anchor, mode=mode, temperature=temp,
-                                     seeds=seeds, offsets=offsets, hidden=hidden, g_weight=w_h)
+    got = flashspark.ops.path_select(
+        cand,
+        unary,
+        a_emb,
+        b_emb,
+        None,
+        anchor,
+        mode=mode,
+        temperature=temp,
+        seeds=seeds,
+        offsets=offsets,
+        hidden=hidden,
+        g_weight=w_h,
+    )
     want = path_select_reference(cand, unary, a_emb, b_emb, None, anchor, mode, temp, seeds, offsets, hidden, w_h)
     for a, b in zip(got[:2], want[:2]):
         assert torch.equal(a.cpu(), b.cpu())
@@ -323,13 +367,26 @@ def test_path_fused_g_matches_reference(device, mode, dtype, positions):
     # The same as passing g computed outside (fp32 g: bf16 g would round it).
     if dtype == torch.float32:
         g = hidden @ w_h.t()
-        given = flashspark.ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode=mode, temperature=temp,
-                                           seeds=seeds, offsets=offsets)
+        given = flashspark.ops.path_select(
+            cand, unary, a_emb, b_emb, g, anchor, mode=mode, temperature=temp, seeds=seeds, offsets=offsets
+        )
         assert torch.equal(given[1], got[1])
         torch.testing.assert_close(given[2], got[2], atol=1e-4, rtol=1e-4)
     # The pair term is read: without it (g = 0) the scores are the unary ones.
-    zero = flashspark.ops.path_select(cand, unary, a_emb, b_emb, None, anchor, mode=mode, temperature=temp,
-                                      seeds=seeds, offsets=offsets, hidden=hidden, g_weight=torch.zeros_like(w_h))
+    zero = flashspark.ops.path_select(
+        cand,
+        unary,
+        a_emb,
+        b_emb,
+        None,
+        anchor,
+        mode=mode,
+        temperature=temp,
+        seeds=seeds,
+        offsets=offsets,
+        hidden=hidden,
+        g_weight=torch.zeros_like(w_h),
+    )
     assert not torch.allclose(zero[2], got[2])
 
 
@@ -337,9 +394,12 @@ def test_greedy_equals_backtrack_without_pair_terms(device):
     # With zero pair scores the lattice factorizes: every mode picks the unary argmax.
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(3, 5, 16, device=device, seed=3)
     g = torch.zeros_like(g)
-    outs = [flashspark.ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode=m,
-                                       temperature=torch.zeros(3, device=device))[1] for m in
-            ("backtrack", "greedy", "sample")]
+    outs = [
+        flashspark.ops.path_select(
+            cand, unary, a_emb, b_emb, g, anchor, mode=m, temperature=torch.zeros(3, device=device)
+        )[1]
+        for m in ("backtrack", "greedy", "sample")
+    ]
     assert torch.equal(outs[0], unary.argmax(-1).int()) and torch.equal(outs[0], outs[1])
     assert torch.equal(outs[1], outs[2])
 
@@ -358,13 +418,20 @@ def test_sampled_path_is_distribution_exact(device):
     # q_0 = softmax(S_0 / T), and position 1's choice, given position 0's, its q_1.
     n = 20000
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(1, 2, 5, device=device, seed=4, scale=1.5)
-    rep = [t.expand(n, *t.shape[1:]).contiguous() if t.dim() > 1 and t.shape[0] == 1 else t for t in
-           (cand, unary, a_emb, b_emb, g)]
+    rep = [
+        t.expand(n, *t.shape[1:]).contiguous() if t.dim() > 1 and t.shape[0] == 1 else t
+        for t in (cand, unary, a_emb, b_emb, g)
+    ]
     temp = torch.full((n,), 0.7, device=device)
     seeds = torch.arange(n, dtype=torch.int64, device=device)
-    tokens, choice, scores, q = flashspark.ops.path_select(*rep, anchor.expand(n).contiguous(), mode="sample",
-                                                           temperature=temp, seeds=seeds,
-                                                           offsets=torch.zeros(n, dtype=torch.int64, device=device))
+    tokens, choice, scores, q = flashspark.ops.path_select(
+        *rep,
+        anchor.expand(n).contiguous(),
+        mode="sample",
+        temperature=temp,
+        seeds=seeds,
+        offsets=torch.zeros(n, dtype=torch.int64, device=device),
+    )
     choice, q = choice.cpu(), q.cpu()
 
     def chi2(counts, probs):
@@ -387,8 +454,11 @@ def test_sampled_path_is_distribution_exact(device):
 
 def test_path_opcheck(device):
     args = path_inputs(2, 3, 4, device=device)
-    extra = (torch.ones(2, device=device), torch.zeros(2, dtype=torch.int64, device=device),
-             torch.zeros(2, dtype=torch.int64, device=device))
+    extra = (
+        torch.ones(2, device=device),
+        torch.zeros(2, dtype=torch.int64, device=device),
+        torch.zeros(2, dtype=torch.int64, device=device),
+    )
     for mode in ("backtrack", "sample"):
         torch.library.opcheck(torch.ops.flashspark.path_select.default, (*args, mode, *extra))
     hidden = torch.randn(2, 3, 10, device=device)
@@ -420,10 +490,20 @@ PATH_BAD = [
 @pytest.mark.parametrize("name,change", PATH_BAD, ids=[f"{n}-{i}" for i, (n, _) in enumerate(PATH_BAD)])
 def test_path_bad_inputs(name, change):
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(2, 3, 4)
-    a = dict(cand_ids=cand, unary=unary, a_emb=a_emb, b_emb=b_emb, g=g, anchor=anchor, mode="greedy",
-             temperature=torch.ones(2), seeds=torch.zeros(2, dtype=torch.int64),
-             offsets=torch.zeros(2, dtype=torch.int64))
+    a = dict(
+        cand_ids=cand,
+        unary=unary,
+        a_emb=a_emb,
+        b_emb=b_emb,
+        g=g,
+        anchor=anchor,
+        mode="greedy",
+        temperature=torch.ones(2),
+        seeds=torch.zeros(2, dtype=torch.int64),
+        offsets=torch.zeros(2, dtype=torch.int64),
+    )
     a.update(change)
     with pytest.raises(RuntimeError, match=name):
-        flashspark.ops.path_select(a.pop("cand_ids"), a.pop("unary"), a.pop("a_emb"), a.pop("b_emb"), a.pop("g"),
-                                   a.pop("anchor"), **a)
+        flashspark.ops.path_select(
+            a.pop("cand_ids"), a.pop("unary"), a.pop("a_emb"), a.pop("b_emb"), a.pop("g"), a.pop("anchor"), **a
+        )

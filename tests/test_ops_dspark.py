@@ -3,10 +3,9 @@ distribution-exact check of the sampled token and bad-input checks."""
 
 import math
 
+import flashspark
 import pytest
 import torch
-
-import flashspark
 from flashspark.reference import markov_step_reference
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -19,26 +18,50 @@ def markov_inputs(batch, vocab, rank=16, hidden=24, dtype=torch.float32, device=
         return (torch.randn(*s, generator=g) * scale).to(dtype).to(device)
 
     args = dict(
-        base_logits=rnd(batch, vocab, scale=2.0), prev_tokens=torch.randint(0, vocab, (batch,), generator=g).to(device),
-        w1=rnd(vocab, rank, scale=0.5), w2=rnd(vocab, rank, scale=0.5), hidden=rnd(batch, hidden),
-        conf_w=rnd(hidden + rank, scale=0.3), conf_b=torch.tensor([0.1], device=device),
+        base_logits=rnd(batch, vocab, scale=2.0),
+        prev_tokens=torch.randint(0, vocab, (batch,), generator=g).to(device),
+        w1=rnd(vocab, rank, scale=0.5),
+        w2=rnd(vocab, rank, scale=0.5),
+        hidden=rnd(batch, hidden),
+        conf_w=rnd(hidden + rank, scale=0.3),
+        conf_b=torch.tensor([0.1], device=device),
         temperature=torch.full((batch,), temp, device=device),
         seeds=torch.arange(batch, dtype=torch.int64, device=device) * 31 + seed,
         positions=torch.arange(batch, dtype=torch.int64, device=device) + 100,
-        bias=rnd(vocab, scale=0.1) if bias else None)
+        bias=rnd(vocab, scale=0.1) if bias else None,
+    )
     return args
 
 
 def call(args):
     a = dict(args)
-    return flashspark.ops.markov_step(a.pop("base_logits"), a.pop("prev_tokens"), a.pop("w1"), a.pop("w2"),
-                                      a.pop("hidden"), a.pop("conf_w"), a.pop("conf_b"), **a)
+    return flashspark.ops.markov_step(
+        a.pop("base_logits"),
+        a.pop("prev_tokens"),
+        a.pop("w1"),
+        a.pop("w2"),
+        a.pop("hidden"),
+        a.pop("conf_w"),
+        a.pop("conf_b"),
+        **a,
+    )
 
 
 def reference(args):
     a = args
-    return markov_step_reference(a["base_logits"], a["prev_tokens"], a["w1"], a["w2"], a["bias"], a["hidden"],
-                                 a["conf_w"], a["conf_b"], a["temperature"], a["seeds"], a["positions"])
+    return markov_step_reference(
+        a["base_logits"],
+        a["prev_tokens"],
+        a["w1"],
+        a["w2"],
+        a["bias"],
+        a["hidden"],
+        a["conf_w"],
+        a["conf_b"],
+        a["temperature"],
+        a["seeds"],
+        a["positions"],
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -74,13 +97,21 @@ def test_sampled_token_is_distribution_exact(device):
     # One request replicated with different seeds: the drawn tokens must follow q.
     n, vocab = 20000, 7
     one = markov_inputs(1, vocab, device=device, seed=9, temp=0.8)
-    args = {k: (v.expand(n, *v.shape[1:]).contiguous() if k in ("base_logits", "hidden", "prev_tokens", "temperature")
-                else v) for k, v in one.items()}
+    args = {
+        k: (
+            v.expand(n, *v.shape[1:]).contiguous()
+            if k in ("base_logits", "hidden", "prev_tokens", "temperature")
+            else v
+        )
+        for k, v in one.items()
+    }
     args["seeds"] = torch.arange(n, dtype=torch.int64, device=device)
     args["positions"] = torch.zeros(n, dtype=torch.int64, device=device)
     # Chunks of 250 requests: the CUDA kernel takes at most 256 per call.
-    chunks = [call({k: (v[i: i + 250] if k not in ("w1", "w2", "conf_w", "conf_b", "bias") else v)
-                    for k, v in args.items()}) for i in range(0, n, 250)]
+    chunks = [
+        call({k: (v[i : i + 250] if k not in ("w1", "w2", "conf_w", "conf_b", "bias") else v) for k, v in args.items()})
+        for i in range(0, n, 250)
+    ]
     tokens, q = torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
     counts = torch.bincount(tokens.cpu().long(), minlength=vocab).double()
     p = q[0].cpu().double()
@@ -95,9 +126,22 @@ def test_sampled_token_is_distribution_exact(device):
 
 def test_opcheck(device):
     a = markov_inputs(3, 50, device=device)
-    torch.library.opcheck(torch.ops.flashspark.markov_step.default,
-                          (a["base_logits"], a["prev_tokens"], a["w1"], a["w2"], a["bias"], a["hidden"], a["conf_w"],
-                           a["conf_b"], a["temperature"], a["seeds"], a["positions"]))
+    torch.library.opcheck(
+        torch.ops.flashspark.markov_step.default,
+        (
+            a["base_logits"],
+            a["prev_tokens"],
+            a["w1"],
+            a["w2"],
+            a["bias"],
+            a["hidden"],
+            a["conf_w"],
+            a["conf_b"],
+            a["temperature"],
+            a["seeds"],
+            a["positions"],
+        ),
+    )
 
 
 BAD = [

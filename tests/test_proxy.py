@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from flashspark.spec.calibration import auc, calibration_report, expected_calibration_error, outcomes
 from flashspark.spec.proxy import SIGNALS, ConfidenceProxy
 
@@ -70,7 +69,7 @@ def test_online_updates_learn_without_offline_fit():
     proxy = ConfidenceProxy(width=7, capacity=4096, refit_every=4, refit_steps=25)
     signals, c_true, acc, ver = synthetic_blocks(n=4000)
     for i in range(0, 4000, 64):  # 62 verify steps of 64 requests
-        proxy.observe(signals[i: i + 64], acc[i: i + 64], ver[i: i + 64])
+        proxy.observe(signals[i : i + 64], acc[i : i + 64], ver[i : i + 64])
     test_signals, _, test_acc, test_ver = synthetic_blocks(seed=2)
     rep = calibration_report(proxy(test_signals), test_acc, test_ver)
     assert rep["auc"] > 0.75 and rep["ece_cumulative"] < 0.08
@@ -96,11 +95,15 @@ def test_online_ring_buffer_keeps_the_last_observations_in_order(rows_per_step):
     # A small ring that wraps (and, at 35 rows a step, overflows): it must hold the last
     # `capacity` observations, slot (start + i) % capacity for the i-th since `start`.
     signals, _, acc, ver = synthetic_blocks(n=40)
-    proxy = ConfidenceProxy(width=7, capacity=30, refit_every=10 ** 6)
+    proxy = ConfidenceProxy(width=7, capacity=30, refit_every=10**6)
     per = rows_per_step // 7
     feats, pos, label, mask = [], [], [], []
     for step in range(5):
-        s, a, v = signals[step * per:(step + 1) * per], acc[step * per:(step + 1) * per], ver[step * per:(step + 1) * per]
+        s, a, v = (
+            signals[step * per : (step + 1) * per],
+            acc[step * per : (step + 1) * per],
+            ver[step * per : (step + 1) * per],
+        )
         proxy(s)  # scored first, like the loop does: observe reuses its features
         proxy.observe(s, a, v)
         f, p_, l_, m_ = ConfidenceProxy(width=7)._observations(s, a, v)

@@ -7,13 +7,11 @@ import argparse
 import pytest
 import torch
 import torch.nn.functional as F
-
 from flashspark import data, reference
 from flashspark.generate import generate
 from flashspark.models import load_model
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, load_dflash
 from flashspark.spec import FixedK, loop, sampling, speculative_generate
-
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 SHIPPED_TARGET = data.ASSETS_DIR / "target"
@@ -46,10 +44,13 @@ def test_greedy_equals_plain_tiny_random(k):
     drafter = tiny_drafter(target)
     prompts = prompts_of([3, 11, 1, 7], 48)
     want, _ = generate(target, prompts, max_new_tokens=30)
-    got, st = speculative_generate(target, drafter, prompts, max_new_tokens=30,
-                                   scheduler=None if k is None else FixedK(k))
+    got, st = speculative_generate(
+        target, drafter, prompts, max_new_tokens=30, scheduler=None if k is None else FixedK(k)
+    )
     assert got == want
-    assert st["new_tokens"] == 120 and st["tau"] >= 1.0 and len(st["acceptance_per_position"]) == (4 if k is None else k)
+    assert (
+        st["new_tokens"] == 120 and st["tau"] >= 1.0 and len(st["acceptance_per_position"]) == (4 if k is None else k)
+    )
 
 
 def test_greedy_equals_plain_high_acceptance_and_eos():
@@ -59,7 +60,7 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     want, _ = generate(target, prompts, max_new_tokens=40)
     seqs = torch.zeros(len(prompts), 13 + 40 + 8, dtype=torch.int64)
     for b, (p, w) in enumerate(zip(prompts, want)):
-        seqs[b, :len(p) + 40] = torch.tensor(p + w)
+        seqs[b, : len(p) + 40] = torch.tensor(p + w)
     drafter = OracleDrafter(base, seqs)
     got, st = speculative_generate(target, drafter, prompts, max_new_tokens=40)
     assert got == want
@@ -78,6 +79,7 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
 
 class RaggedK:
     """Request b verifies (b + step) % 4 drafts: exercises the ragged verify path."""
+
     max_spec_len = 4
 
     def __init__(self):
@@ -95,9 +97,10 @@ def test_greedy_equals_plain_ragged_scheduler():
     want, _ = generate(target, prompts, max_new_tokens=25)
     seqs = torch.zeros(3, 12 + 25 + 8, dtype=torch.int64)
     for b, (p, w) in enumerate(zip(prompts, want)):
-        seqs[b, :len(p) + 25] = torch.tensor(p + w)
-    got, st = speculative_generate(target, OracleDrafter(tiny_drafter(target), seqs), prompts,
-                                   max_new_tokens=25, scheduler=RaggedK())
+        seqs[b, : len(p) + 25] = torch.tensor(p + w)
+    got, st = speculative_generate(
+        target, OracleDrafter(tiny_drafter(target), seqs), prompts, max_new_tokens=25, scheduler=RaggedK()
+    )
     assert got == want and st["tau"] > 1.5
 
 
@@ -167,12 +170,13 @@ def test_sampled_seeded_and_batch_independent():
 # ----------------------------------------------------------- sampling helpers
 def test_philox_uniform_matches_reference_stream():
     seeds = torch.tensor([0, 7, (3 << 32) + 5])
-    positions = torch.tensor([[0, 1, 2 ** 33 + 4], [5, 6, 7], [9, 10, 11]])
+    positions = torch.tensor([[0, 1, 2**33 + 4], [5, 6, 7], [9, 10, 11]])
     got = sampling.philox_uniform(seeds, positions, reference.PURPOSE_DRAFT)
     for b in range(3):
         for j in range(3):
-            want = reference.uniform_open01(reference.philox_u32(int(seeds[b]), int(positions[b, j]),
-                                                                 reference.PURPOSE_DRAFT, 0))
+            want = reference.uniform_open01(
+                reference.philox_u32(int(seeds[b]), int(positions[b, j]), reference.PURPOSE_DRAFT, 0)
+            )
             assert float(got[b, j]) == float(want)
 
 
@@ -200,22 +204,42 @@ def test_cli_glue_parses_and_generates(capsys, tmp_path):
     gen.add_argument("--method", default="ar")
     gen.add_argument("--prompt")
     gen.add_argument("--prompts-file")
-    for flag, default in (("--model", None), ("--tokenizer", None), ("--max-new-tokens", 12),
-                          ("--temperature", 0.0), ("--top-p", 1.0), ("--seed", 0), ("--batch-size", None),
-                          ("--device", "cpu"), ("--threads", None)):
+    for flag, default in (
+        ("--model", None),
+        ("--tokenizer", None),
+        ("--max-new-tokens", 12),
+        ("--temperature", 0.0),
+        ("--top-p", 1.0),
+        ("--seed", 0),
+        ("--batch-size", None),
+        ("--device", "cpu"),
+        ("--threads", None),
+    ):
         gen.add_argument(flag, default=default, type=type(default) if default is not None else None)
     gen.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True)
     spec_cli.add_generate_spec_args(gen)
     drafter_dir = SHIPPED_DFLASH
     if not HAVE_DFLASH:  # a random drafter for the shipped target
         from flashspark.models.dflash import save_dflash
+
         target = load_model(SHIPPED_TARGET, dtype=torch.float32)
         d = DFlashDrafter(DFlashConfig.for_target(target.config, num_hidden_layers=1), target)
         d.init_weights(0)
         save_dflash(d, tmp_path / "dflash")
         drafter_dir = tmp_path / "dflash"
-    args = parser.parse_args(["generate", "--method", "dflash", "--prompt", "def f(x):\n    return",
-                              "--k", "3", "--drafter", str(drafter_dir)])
+    args = parser.parse_args(
+        [
+            "generate",
+            "--method",
+            "dflash",
+            "--prompt",
+            "def f(x):\n    return",
+            "--k",
+            "3",
+            "--drafter",
+            str(drafter_dir),
+        ]
+    )
     assert spec_cli.run_generate_spec(args, "dflash") == 0
     cap = capsys.readouterr()
     assert cap.out.startswith("def f(x):\n    return")

@@ -9,14 +9,12 @@ bugs in the q handed to verify are caught."""
 
 import pytest
 import torch
-
 from flashspark.generate import generate
 from flashspark.models.dflash2 import DFlash2Config, DFlash2Drafter
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter
 from flashspark.spec import FixedK, loop, speculative_generate
 from flashspark.spec.confidence import ConfidenceScheduler, SPSTable
 from flashspark.spec.proxy import ConfidenceProxy
-
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,16 +36,24 @@ def _perturb(d, seed, scale, special):
 
 
 def tiny_dflash2(target, block_size=5, topk=6, seed=1, scale=5.0) -> DFlash2Drafter:
-    cfg = DFlash2Config.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
-                                   num_features=2, selector_rank=8, selector_topk=topk)
+    cfg = DFlash2Config.for_target(
+        target.config,
+        num_hidden_layers=1,
+        block_size=block_size,
+        mask_token_id=1,
+        num_features=2,
+        selector_rank=8,
+        selector_topk=topk,
+    )
     d = DFlash2Drafter(cfg, target)
     d.init_weights(seed)
     return _perturb(d, seed, scale, lambda n: 0.3 if ".conv." in n else 1.0 if n.startswith("selector.") else None)
 
 
 def tiny_dspark(target, block_size=5, seed=1, scale=5.0) -> DSparkDrafter:
-    cfg = DSparkConfig.for_target(target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1,
-                                  num_features=2, markov_rank=8)
+    cfg = DSparkConfig.for_target(
+        target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1, num_features=2, markov_rank=8
+    )
     d = DSparkDrafter(cfg, target)
     d.init_weights(seed)
     d = _perturb(d, seed, scale, lambda n: 2.0 if n.startswith("markov_") else 0.3 if n.startswith("conf_") else None)
@@ -94,8 +100,9 @@ def test_dflash2_backtrack_drafts_are_the_selectors_best_path():
     blocks = {}
     for path in ("backtrack", "greedy"):
         cache = d.new_cache(4, 20)
-        hidden = target(torch.tensor([p + [0] * (10 - len(p)) for p in prompts]),
-                        hidden_layers=d.config.target_layer_ids).hidden
+        hidden = target(
+            torch.tensor([p + [0] * (10 - len(p)) for p in prompts]), hidden_layers=d.config.target_layer_ids
+        ).hidden
         lens = torch.tensor([len(p) for p in prompts])
         rows = [(b, t) for b in range(4) for t in range(int(lens[b]))]
         bs, ts = torch.tensor(rows).T
@@ -154,8 +161,16 @@ def test_dflash2_proxy_scheduler_greedy_and_online_updates():
     assert int(rec["num_verified"].sum()) == st["drafts_verified"]
     # Fixed K needs no signals: the loop skips them (and the proxy scheduler asks for them).
     assert sched.wants_signals and not getattr(FixedK(4), "wants_signals", False)
-    blk = loop.draft_block(d, d.new_cache(1, 16), torch.tensor([3]), torch.tensor([0]), torch.zeros(1),
-                           torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), signals=False)
+    blk = loop.draft_block(
+        d,
+        d.new_cache(1, 16),
+        torch.tensor([3]),
+        torch.tensor([0]),
+        torch.zeros(1),
+        torch.zeros(1, dtype=torch.long),
+        torch.zeros(1, dtype=torch.long),
+        signals=False,
+    )
     assert blk.signals is None and blk.cand_ids is not None
 
 
@@ -247,10 +262,16 @@ def test_parse_method_and_bad_specs():
     assert parse_method("dflash") == MethodSpec("dflash")
     assert parse_method("dflash:k=3") == MethodSpec("dflash", k=3)
     assert parse_method("dflash2:sched=confidence,path=sample,delay=2,online=0") == MethodSpec(
-        "dflash2", scheduler="confidence", path="sample", delay=2, online=False)
-    for bad, msg in (("medusa", "unknown drafter"), ("dflash:k=x", "not understood"), ("dflash:beam=4", "not understood"),
-                     ("dflash:sched=confidence", "needs confidences"), ("dspark:sched=oracle", "unknown scheduler"),
-                     ("dflash2:path=beam", "unknown path")):
+        "dflash2", scheduler="confidence", path="sample", delay=2, online=False
+    )
+    for bad, msg in (
+        ("medusa", "unknown drafter"),
+        ("dflash:k=x", "not understood"),
+        ("dflash:beam=4", "not understood"),
+        ("dflash:sched=confidence", "needs confidences"),
+        ("dspark:sched=oracle", "unknown scheduler"),
+        ("dflash2:path=beam", "unknown path"),
+    ):
         with pytest.raises(ValueError, match=msg):
             parse_method(bad)
 
@@ -279,21 +300,72 @@ def test_cli_fit_proxy_and_generate_every_method(tmp_path, monkeypatch, capsys):
     ds = DSparkDrafter(DSparkConfig.for_target(target.config, num_hidden_layers=1, block_size=4), target)
     ds.init_weights(0)
     save_dspark(ds, tmp_path / "dspark")
-    assert cli.main(["fit-proxy", "--drafter", str(tmp_path / "dflash2"), "--prompts", "2", "--max-new-tokens", "6",
-                     "--threads", "1"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit-proxy",
+                "--drafter",
+                str(tmp_path / "dflash2"),
+                "--prompts",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert {"proxy_t0.json", "proxy_t1.json", "proxy_fit.json"} <= {p.name for p in (tmp_path / "dflash2").iterdir()}
-    for method, extra in (("dflash2", ["--scheduler", "confidence"]), ("dflash2", ["--path", "greedy"]),
-                          ("dspark", ["--scheduler", "confidence", "--delay", "2"]), ("dspark", [])):
+    for method, extra in (
+        ("dflash2", ["--scheduler", "confidence"]),
+        ("dflash2", ["--path", "greedy"]),
+        ("dspark", ["--scheduler", "confidence", "--delay", "2"]),
+        ("dspark", []),
+    ):
         capsys.readouterr()
-        assert cli.main(["generate", "--method", method, "--drafter", str(tmp_path / method), "--prompt",
-                         "def f(x):", "--max-new-tokens", "10", "--threads", "1", *extra]) == 0
+        assert (
+            cli.main(
+                [
+                    "generate",
+                    "--method",
+                    method,
+                    "--drafter",
+                    str(tmp_path / method),
+                    "--prompt",
+                    "def f(x):",
+                    "--max-new-tokens",
+                    "10",
+                    "--threads",
+                    "1",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         err = capsys.readouterr().err
         assert "identical to plain decoding" in err and "drafts verified per step" in err, err
     # A drafter directory of the wrong kind, and a missing proxy, fail with one clear line.
     assert cli.main(["generate", "--method", "dspark", "--drafter", str(tmp_path / "dflash2"), "--prompt", "x"]) == 2
     (tmp_path / "dflash2" / "proxy_t0.json").unlink()
-    assert cli.main(["generate", "--method", "dflash2", "--scheduler", "confidence", "--drafter",
-                     str(tmp_path / "dflash2"), "--prompt", "x", "--max-new-tokens", "4"]) == 2
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--method",
+                "dflash2",
+                "--scheduler",
+                "confidence",
+                "--drafter",
+                str(tmp_path / "dflash2"),
+                "--prompt",
+                "x",
+                "--max-new-tokens",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "proxy" in capsys.readouterr().err
 
 
@@ -310,7 +382,9 @@ def test_dflash2_recall_stats():
     assert "recall_top1" not in dflash
 
 
-@pytest.mark.parametrize("method", ["dflash2", "dflash2:sched=confidence,plain=0", "dspark", "dspark:sched=confidence,plain=0"])
+@pytest.mark.parametrize(
+    "method", ["dflash2", "dflash2:sched=confidence,plain=0", "dspark", "dspark:sched=confidence,plain=0"]
+)
 def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
     """The shipped DFlash 2 and DSpark drafters with the shipped target: exact at T = 0, and they draft
     (plain=0: the confidence scheduler may not fall back to plain steps, which depend on the machine)."""
@@ -354,17 +428,22 @@ def test_wants_draft_follows_mean_confidence_and_load():
     tables one active request gains from speculation (Θ 3.44 > 2) and two do not (6.88 < 8)."""
     sched = ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [2.0, 4.0]), min_rows=2)
     one, two = torch.tensor([True, False]), torch.tensor([True, True])
-    assert sched.wants_draft(two)                      # no confidences yet: draft to learn them
+    assert sched.wants_draft(two)  # no confidences yet: draft to learn them
     sched.schedule(torch.full((2, 3), 0.9), two)
     assert [sched.wants_draft(two) for _ in range(3)] == [False] * 3
     assert sched.wants_draft(one) and not sched.wants_draft(two)
     assert ConfidenceScheduler(3, linear_sps()).wants_draft(two)  # no plain table: always draft
     # Speculation must promise min_gain x plain: Θ 3.44 for one request against plain 3.3 (or 3.0).
     conf = torch.full((3,), 0.9)
-    assert not ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3])).expects_gain(conf, 1)
-    assert ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3]),
-                               min_gain=1.0).expects_gain(conf, 1)
-    assert not ConfidenceScheduler(3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.2, 3.2])).expects_gain(conf, 1)
+    assert not ConfidenceScheduler(
+        3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3])
+    ).expects_gain(conf, 1)
+    assert ConfidenceScheduler(
+        3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.3, 3.3]), min_gain=1.0
+    ).expects_gain(conf, 1)
+    assert not ConfidenceScheduler(
+        3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [3.2, 3.2])
+    ).expects_gain(conf, 1)
 
 
 def test_confidence_stats_recalibrate_from_outcomes():
@@ -414,8 +493,8 @@ def test_scheduler_prices_steps_by_the_clock(monkeypatch):
 
     clock = [0.0]
     monkeypatch.setattr(confidence.time, "perf_counter", lambda: clock[0])
-    sps = SPSTable([2, 16], [1.0, 0.5])       # a drafting step of 2 requests: 1 s .. 2 s
-    plain = SPSTable([1, 100], [1.5, 1.5])    # plain steps: Θ = 3 tokens/s; drafting: Θ 4.8 as priced
+    sps = SPSTable([2, 16], [1.0, 0.5])  # a drafting step of 2 requests: 1 s .. 2 s
+    plain = SPSTable([1, 100], [1.5, 1.5])  # plain steps: Θ = 3 tokens/s; drafting: Θ 4.8 as priced
     active = torch.ones(2, dtype=torch.bool)
     conf = torch.full((2, 7), 0.8)
     for slowdown, drafts in ((1.0, True), (3.0, False)):
@@ -447,7 +526,7 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
         monkeypatch.setattr(methods, "step_sps", lambda *a, **k: tables)
         monkeypatch.setattr(methods, "MIN_PRIOR_ROWS", 3)
         decode = methods.make_decoder("dspark:sched=confidence", target, d)
-        first, st1 = decode(prompts, 20)     # speculates (no prior yet): at least 3 confidence rows
+        first, st1 = decode(prompts, 20)  # speculates (no prior yet): at least 3 confidence rows
         second, st2 = decode(prompts, 20)
         assert first == want and second == want
         assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate

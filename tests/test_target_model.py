@@ -5,12 +5,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from flashspark import data
 from flashspark.generate import generate, sample_next
-from flashspark.models import (Qwen3Config, Qwen3ForCausalLM, hf_parameter_names, load_model,
-                               save_model)
+from flashspark.models import Qwen3Config, Qwen3ForCausalLM, hf_parameter_names, load_model, save_model
+from safetensors.torch import load_file, save_file
 
 SHIPPED = data.ASSETS_DIR / "target"
 
@@ -19,9 +17,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(**kw) -> Qwen3Config:
-    base = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=5000.0,
-                max_position_embeddings=64, torch_dtype="float32")
+    base = dict(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=5000.0,
+        max_position_embeddings=64,
+        torch_dtype="float32",
+    )
     base.update(kw)
     return Qwen3Config(**base)
 
@@ -47,16 +54,25 @@ def close(a, b):
 
 # --------------------------------------------------------------- names and I/O
 
+
 def test_hf_parameter_names_layer0():
     names = hf_parameter_names(tiny_config(num_hidden_layers=1, tie_word_embeddings=False))
     assert names == [
         "model.embed_tokens.weight",
-        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
-        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
-        "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
-        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
-        "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
-        "model.layers.0.mlp.down_proj.weight", "model.norm.weight", "lm_head.weight"]
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ]
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -108,6 +124,7 @@ def test_hf_style_config_keys(tmp_path):
 
 # ------------------------------------------------------------ forward forms
 
+
 def test_incremental_equals_full_forward():
     m = tiny_model()
     x = tokens(2, 24)
@@ -117,7 +134,7 @@ def test_incremental_equals_full_forward():
         out = m(x[:, :9], cache, torch.zeros(2, dtype=torch.long), hidden_layers=[0, 2])
         close(out.logits, full.logits[:, :9])
         for s in range(9, 24):
-            out = m(x[:, s:s + 1], cache, torch.full((2,), s), hidden_layers=[0, 2])
+            out = m(x[:, s : s + 1], cache, torch.full((2,), s), hidden_layers=[0, 2])
             close(out.logits[:, 0], full.logits[:, s])
             close(out.hidden[:, 0], full.hidden[:, s])
             close(out.last_hidden[:, 0], full.last_hidden[:, s])
@@ -135,13 +152,13 @@ def test_ragged_forward_equals_per_request():
     with torch.no_grad():
         cache = m.new_cache(B, 32)
         m(x[:, :20], cache, torch.zeros(B, dtype=torch.long), lens)
-        new = torch.stack([x[b, lens[b]:lens[b] + 7] for b in range(B)])
+        new = torch.stack([x[b, lens[b] : lens[b] + 7] for b in range(B)])
         out = m(new, cache, lens, num_new, hidden_layers=[1])
         for b in range(B):
             n = int(lens[b] + num_new[b])
-            ref = m(x[b:b + 1, :n], hidden_layers=[1])
-            close(out.logits[b, :num_new[b]], ref.logits[0, lens[b]:n])
-            close(out.hidden[b, :num_new[b]], ref.hidden[0, lens[b]:n])
+            ref = m(x[b : b + 1, :n], hidden_layers=[1])
+            close(out.logits[b, : num_new[b]], ref.logits[0, lens[b] : n])
+            close(out.hidden[b, : num_new[b]], ref.hidden[0, lens[b] : n])
 
 
 def test_padded_prefill_equals_per_request():
@@ -150,7 +167,7 @@ def test_padded_prefill_equals_per_request():
     B, S = 3, 13
     padded = torch.full((B, S), 5, dtype=torch.long)
     for b, p in enumerate(prompts):
-        padded[b, :len(p)] = p
+        padded[b, : len(p)] = p
     lens = torch.tensor([len(p) for p in prompts])
     with torch.no_grad():
         cache = m.new_cache(B, 20)
@@ -159,7 +176,7 @@ def test_padded_prefill_equals_per_request():
         step = m(nxt, cache, lens)
         for b, p in enumerate(prompts):
             ref = m(torch.cat([p, nxt[b]])[None]).logits[0]
-            close(out.logits[b, :len(p)], ref[:len(p)])
+            close(out.logits[b, : len(p)], ref[: len(p)])
             close(step.logits[b, 0], ref[len(p)])
 
 
@@ -196,6 +213,7 @@ def test_bf16_forward_runs():
 
 # ------------------------------------------------------------------- decoding
 
+
 def test_greedy_batch_equals_single():
     m = tiny_model()
     prompts = [tokens(1, n, seed=n)[0].tolist() for n in (3, 9, 5)]
@@ -204,7 +222,7 @@ def test_greedy_batch_equals_single():
     assert batched == singles
     assert stats["new_tokens"] == 24 and stats["tokens_per_s"] > 0
     full = m(torch.tensor([prompts[1] + batched[1]])).logits[0]
-    assert full[len(prompts[1]) - 1:-1].argmax(-1).tolist() == batched[1]
+    assert full[len(prompts[1]) - 1 : -1].argmax(-1).tolist() == batched[1]
 
 
 def test_sampling_seeded_and_top_p():
@@ -244,6 +262,7 @@ def test_forward_past_cache_raises():
 
 # ----------------------------------------------------------------- bad files
 
+
 def test_unknown_model_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="model directory"):
         load_model(tmp_path / "nope")
@@ -282,6 +301,7 @@ def test_bad_config_values(tmp_path):
 
 
 # ------------------------------------------------------------ shipped model
+
 
 @pytest.mark.skipif(not (SHIPPED / "model.safetensors").is_file(), reason="shipped target not exported yet")
 def test_shipped_target():

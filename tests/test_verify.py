@@ -8,10 +8,9 @@ inputs and bad inputs.
 
 import math
 
+import flashspark
 import pytest
 import torch
-
-import flashspark
 from flashspark.reference import (
     PURPOSE_ACCEPT,
     PURPOSE_RESAMPLE,
@@ -21,12 +20,12 @@ from flashspark.reference import (
     verify_reference,
 )
 
-
 # ---------------------------------------------------------------- helpers
 
 
-def make_case(num_draft, vocab, *, q_mode="onehot", dtype=torch.float32, temperature=1.0, k=4, seed=0,
-              closeness=0.7, device="cpu"):
+def make_case(
+    num_draft, vocab, *, q_mode="onehot", dtype=torch.float32, temperature=1.0, k=4, seed=0, closeness=0.7, device="cpu"
+):
     """A batch whose drafts come from a q close to p, so that acceptance is mixed.
 
     Returns (logits, draft_tokens, cu_num_draft, kwargs) for ops.verify.
@@ -41,7 +40,7 @@ def make_case(num_draft, vocab, *, q_mode="onehot", dtype=torch.float32, tempera
     draft_tokens = torch.empty(total, dtype=torch.int64)
     for b in range(batch):
         lo, hi = int(cu[b]), int(cu[b + 1])
-        rows = logits[lo + b: hi + b]
+        rows = logits[lo + b : hi + b]
         draft_logits[lo:hi] = closeness * rows + (1 - closeness) * 3.0 * torch.randn(rows.shape, generator=g)
     q = torch.softmax(draft_logits, dim=-1)
     kwargs = {}
@@ -81,9 +80,9 @@ def assert_well_formed(out, acc, cu, draft_tokens, max_spec_len):
         n = int(cu[b + 1] - cu[b])
         k = int(acc[b])
         assert 0 <= k <= n
-        assert torch.equal(out[b, :k], draft_tokens[int(cu[b]): int(cu[b]) + k])
+        assert torch.equal(out[b, :k], draft_tokens[int(cu[b]) : int(cu[b]) + k])
         assert out[b, k] >= 0
-        assert (out[b, k + 1:] == -1).all()
+        assert (out[b, k + 1 :] == -1).all()
     assert out.shape[1] == max_spec_len + 1
 
 
@@ -97,8 +96,11 @@ def test_philox_known_answers():
     cases = [
         ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
         ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
     ]
     for ctr, key, want in cases:
         assert tuple(int(w) for w in philox4x32_10(ctr, key)) == want
@@ -122,9 +124,13 @@ def _greedy_call(logits, drafts, num_draft, max_spec_len, device):
     cu = torch.tensor([0] + list(torch.tensor(num_draft).cumsum(0).tolist()), dtype=torch.int32, device=device)
     b = len(num_draft)
     return flashspark.verify(
-        logits.to(device), torch.tensor(drafts, dtype=torch.int32, device=device), cu,
-        temperature=torch.zeros(b, device=device), seeds=torch.zeros(b, dtype=torch.int64, device=device),
-        offsets=torch.zeros(b, dtype=torch.int64, device=device), max_spec_len=max_spec_len,
+        logits.to(device),
+        torch.tensor(drafts, dtype=torch.int32, device=device),
+        cu,
+        temperature=torch.zeros(b, device=device),
+        seeds=torch.zeros(b, dtype=torch.int64, device=device),
+        offsets=torch.zeros(b, dtype=torch.int64, device=device),
+        max_spec_len=max_spec_len,
     )
 
 
@@ -188,8 +194,9 @@ def test_greedy_ignores_q(device):
 @pytest.mark.parametrize("temperature", [0.0, 0.6, 1.0])
 def test_matches_reference(device, q_mode, dtype, temperature):
     num_draft = [3, 0, 8, 1, 5, 8, 2, 0, 4, 7, 6, 1, 8, 3, 2, 5, 0, 8, 4]  # B = 19
-    logits, tokens, cu, kw = make_case(num_draft, 111, q_mode=q_mode, dtype=dtype, temperature=temperature,
-                                       seed=3, device=device)
+    logits, tokens, cu, kw = make_case(
+        num_draft, 111, q_mode=q_mode, dtype=dtype, temperature=temperature, seed=3, device=device
+    )
     (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
     assert torch.equal(out, ref_out)
     assert torch.equal(acc, ref_acc)
@@ -209,8 +216,7 @@ def test_odd_sizes(device, vocab, batch):
 @pytest.mark.parametrize("q_mode", ["onehot", "sparse"])
 def test_large_vocab(device, q_mode):
     # Qwen3 vocabulary; long enough rows to exercise chunked/block reductions.
-    logits, tokens, cu, kw = make_case([4, 1], 151936, q_mode=q_mode, k=16, closeness=0.95, seed=11,
-                                       device=device)
+    logits, tokens, cu, kw = make_case([4, 1], 151936, q_mode=q_mode, k=16, closeness=0.95, seed=11, device=device)
     (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
     assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
 
@@ -225,9 +231,14 @@ def test_all_drafts_empty(device):
 def test_empty_batch(device):
     logits = torch.zeros(0, 10, device=device)
     out, acc = flashspark.verify(
-        logits, torch.zeros(0, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device),
-        temperature=torch.zeros(0, device=device), seeds=torch.zeros(0, dtype=torch.int64, device=device),
-        offsets=torch.zeros(0, dtype=torch.int64, device=device), max_spec_len=4)
+        logits,
+        torch.zeros(0, dtype=torch.int32, device=device),
+        torch.zeros(1, dtype=torch.int32, device=device),
+        temperature=torch.zeros(0, device=device),
+        seeds=torch.zeros(0, dtype=torch.int64, device=device),
+        offsets=torch.zeros(0, dtype=torch.int64, device=device),
+        max_spec_len=4,
+    )
     assert out.shape == (0, 5) and acc.shape == (0,)
 
 
@@ -287,8 +298,9 @@ def stat_setup(q_mode, temperature):
     if q_mode == "onehot":  # a deterministic drafter: always proposes the target's mode
         drafts = p[:STAT_GAMMA].argmax(-1).repeat(STAT_TRIALS, 1)
     else:
-        drafts = torch.stack([torch.multinomial(q[k], STAT_TRIALS, replacement=True, generator=g)
-                              for k in range(STAT_GAMMA)], dim=1)
+        drafts = torch.stack(
+            [torch.multinomial(q[k], STAT_TRIALS, replacement=True, generator=g) for k in range(STAT_GAMMA)], dim=1
+        )
     return target_logits, q, drafts, p
 
 
@@ -297,8 +309,12 @@ def run_trials(q_mode, temperature, device):
     n = STAT_TRIALS
     logits = target_logits.repeat(n, 1)  # each trial: gamma draft rows + bonus row
     cu = torch.arange(n + 1, dtype=torch.int32) * STAT_GAMMA
-    kw = dict(temperature=torch.full((n,), temperature), seeds=torch.arange(n, dtype=torch.int64) + 99,
-              offsets=torch.zeros(n, dtype=torch.int64), max_spec_len=STAT_GAMMA)
+    kw = dict(
+        temperature=torch.full((n,), temperature),
+        seeds=torch.arange(n, dtype=torch.int64) + 99,
+        offsets=torch.zeros(n, dtype=torch.int64),
+        max_spec_len=STAT_GAMMA,
+    )
     if q_mode == "dense":
         kw["draft_probs"] = q.repeat(n, 1)
     elif q_mode == "sparse":
@@ -370,17 +386,25 @@ def test_seeded_determinism_and_batch_order_invariance(device):
     a = flashspark.verify(logits, tokens, cu, **kw)
     b = flashspark.verify(logits, tokens, cu, **kw)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    outs = {tuple(flashspark.verify(logits, tokens, cu, **dict(kw, seeds=kw["seeds"] + s))[0].cpu().flatten().tolist())
-            for s in range(6)}
+    outs = {
+        tuple(flashspark.verify(logits, tokens, cu, **dict(kw, seeds=kw["seeds"] + s))[0].cpu().flatten().tolist())
+        for s in range(6)
+    }
     assert len(outs) > 1, "different seeds never changed the output"
     # A request draws the same numbers wherever it sits in the batch: verifying
     # it alone gives its row of the batched result.
     for r in range(4):
         lo, hi = int(cu[r]), int(cu[r + 1])
-        sub = {name: kw[name][r: r + 1] for name in ["temperature", "seeds", "offsets"]}
+        sub = {name: kw[name][r : r + 1] for name in ["temperature", "seeds", "offsets"]}
         one = torch.tensor([0, hi - lo], dtype=torch.int32, device=device)
-        out, acc = flashspark.verify(logits[lo + r: hi + r + 1], tokens[lo:hi], one, draft_probs=kw["draft_probs"][lo:hi],
-                                     max_spec_len=kw["max_spec_len"], **sub)
+        out, acc = flashspark.verify(
+            logits[lo + r : hi + r + 1],
+            tokens[lo:hi],
+            one,
+            draft_probs=kw["draft_probs"][lo:hi],
+            max_spec_len=kw["max_spec_len"],
+            **sub,
+        )
         assert torch.equal(out[0], a[0][r]) and int(acc[0]) == int(a[1][r])
 
 
@@ -406,13 +430,21 @@ def test_verify_out_matches_functional(device):
 @pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
 def test_opcheck(device, q_mode):
     logits, tokens, cu, kw = make_case([3, 0, 5], 33, q_mode=q_mode, seed=10, device=device)
-    args = (logits, tokens, cu, kw.get("draft_probs"), kw.get("draft_probs_ids"), kw["temperature"], kw["seeds"],
-            kw["offsets"], kw["max_spec_len"])
+    args = (
+        logits,
+        tokens,
+        cu,
+        kw.get("draft_probs"),
+        kw.get("draft_probs_ids"),
+        kw["temperature"],
+        kw["seeds"],
+        kw["offsets"],
+        kw["max_spec_len"],
+    )
     torch.library.opcheck(torch.ops.flashspark.verify.default, args)
     out = torch.empty(3, kw["max_spec_len"] + 1, dtype=torch.int32, device=device)
     nacc = torch.empty(3, dtype=torch.int32, device=device)
-    torch.library.opcheck(torch.ops.flashspark.verify_out.default, args,
-                          {"out_tokens": out, "out_num_accepted": nacc})
+    torch.library.opcheck(torch.ops.flashspark.verify_out.default, args, {"out_tokens": out, "out_num_accepted": nacc})
 
 
 def test_non_contiguous_inputs(device):
@@ -479,8 +511,10 @@ BAD_CASES = [
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 4, 3], dtype=torch.int32, device=d)}),
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 3, 4], dtype=torch.int32, device=d)}),
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([[0, 3, 5]], dtype=torch.int32, device=d)}),
-    ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 3, 5], dtype=torch.int32, device=d),
-                                "max_spec_len": 2}),
+    (
+        "cu_num_draft",
+        lambda d: {"cu_num_draft": torch.tensor([0, 3, 5], dtype=torch.int32, device=d), "max_spec_len": 2},
+    ),
     ("max_spec_len", lambda d: {"max_spec_len": -1}),
     ("temperature", lambda d: {"temperature": torch.tensor([1.0, -0.5], device=d)}),
     ("temperature", lambda d: {"temperature": torch.tensor([1.0], device=d)}),
@@ -490,15 +524,31 @@ BAD_CASES = [
     ("draft_probs", lambda d: {"draft_probs": torch.rand(5, 19, device=d)}),
     ("draft_probs", lambda d: {"draft_probs": torch.rand(5, 20, dtype=torch.float64, device=d)}),
     ("draft_probs", lambda d: {"draft_probs": torch.rand(4, 20, device=d)}),
-    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
-                                   "draft_probs_ids": torch.randint(0, 20, (5, 3), device=d)}),
-    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
-                                   "draft_probs_ids": torch.full((5, 4), 25, dtype=torch.int32, device=d)}),
-    ("draft_probs_ids", lambda d: {"draft_probs": torch.rand(5, 4, device=d),
-                                   "draft_probs_ids": torch.tensor([[19, 18, 17, 16]] * 5, dtype=torch.int32,
-                                                                   device=d)}),
-    ("draft_probs_ids", lambda d: {"draft_probs": None,
-                                   "draft_probs_ids": torch.zeros((5, 4), dtype=torch.int32, device=d)}),
+    (
+        "draft_probs_ids",
+        lambda d: {
+            "draft_probs": torch.rand(5, 4, device=d),
+            "draft_probs_ids": torch.randint(0, 20, (5, 3), device=d),
+        },
+    ),
+    (
+        "draft_probs_ids",
+        lambda d: {
+            "draft_probs": torch.rand(5, 4, device=d),
+            "draft_probs_ids": torch.full((5, 4), 25, dtype=torch.int32, device=d),
+        },
+    ),
+    (
+        "draft_probs_ids",
+        lambda d: {
+            "draft_probs": torch.rand(5, 4, device=d),
+            "draft_probs_ids": torch.tensor([[19, 18, 17, 16]] * 5, dtype=torch.int32, device=d),
+        },
+    ),
+    (
+        "draft_probs_ids",
+        lambda d: {"draft_probs": None, "draft_probs_ids": torch.zeros((5, 4), dtype=torch.int32, device=d)},
+    ),
 ]
 
 
@@ -519,8 +569,20 @@ def test_bad_device_mix():
 def test_bad_out_buffers():
     logits, tokens, cu, kw = make_case([3, 2], 20, seed=16)
     with pytest.raises(RuntimeError, match="out_tokens"):
-        flashspark.verify_out(logits, tokens, cu, out_tokens=torch.empty(2, 3, dtype=torch.int32),
-                              out_num_accepted=torch.empty(2, dtype=torch.int32), **kw)
+        flashspark.verify_out(
+            logits,
+            tokens,
+            cu,
+            out_tokens=torch.empty(2, 3, dtype=torch.int32),
+            out_num_accepted=torch.empty(2, dtype=torch.int32),
+            **kw,
+        )
     with pytest.raises(RuntimeError, match="out_num_accepted"):
-        flashspark.verify_out(logits, tokens, cu, out_tokens=torch.empty(2, 4, dtype=torch.int32),
-                              out_num_accepted=torch.empty(3, dtype=torch.int32), **kw)
+        flashspark.verify_out(
+            logits,
+            tokens,
+            cu,
+            out_tokens=torch.empty(2, 4, dtype=torch.int32),
+            out_num_accepted=torch.empty(3, dtype=torch.int32),
+            **kw,
+        )

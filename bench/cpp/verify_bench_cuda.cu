@@ -71,9 +71,9 @@ static void run(int32_t batch, int32_t gamma, int32_t vocab, bool greedy, int re
   const double gbs = bench::verify_min_bytes(acc, vocab, sizeof(T)) / med * 1e-3;
   std::printf("%4d %3d %7d %5s %7s | %9.1f us %8.1f GB/s %5.1f%% of peak\n", batch, gamma, vocab,
               sizeof(T) == 4 ? "fp32" : "bf16", greedy ? "greedy" : "sample", med, gbs, 100.0 * gbs / peak_gbs);
-  for (const void* ptr : {(const void*)p.logits, (const void*)p.draft_tokens, (const void*)p.cu_num_draft,
-                          (const void*)p.temperature, (const void*)p.seeds, (const void*)p.offsets,
-                          (const void*)p.out_tokens, (const void*)p.out_num_accepted})
+  for (const void* ptr :
+       {(const void*)p.logits, (const void*)p.draft_tokens, (const void*)p.cu_num_draft, (const void*)p.temperature,
+        (const void*)p.seeds, (const void*)p.offsets, (const void*)p.out_tokens, (const void*)p.out_num_accepted})
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
@@ -83,14 +83,17 @@ int main(int argc, char** argv) {
   bool quick = false;
   double peak_gbs = 4800.0;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (std::strcmp(argv[i], "--peak-gbs") == 0 && i + 1 < argc) peak_gbs = std::atof(argv[++i]);
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strcmp(argv[i], "--peak-gbs") == 0 && i + 1 < argc)
+      peak_gbs = std::atof(argv[++i]);
   }
   int device = 0;
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  std::printf("flashspark verify, CUDA kernel on %s (median of runs; GB/s over the rows a call must read)\n", prop.name);
+  std::printf("flashspark verify, CUDA kernel on %s (median of runs; GB/s over the rows a call must read)\n",
+              prop.name);
   std::printf("   B   g       V dtype    mode |      time       bandwidth\n");
   const int repeats = quick ? 5 : 50;
   for (int32_t vocab : {4096, 32000, 151936})

@@ -14,9 +14,9 @@ namespace flashspark::bench {
 
 struct VerifyInputs {
   int32_t batch, gamma, vocab;
-  std::vector<float> logits;         // [(gamma + 1) * batch, vocab]
-  std::vector<int32_t> draft_tokens; // [gamma * batch]
-  std::vector<int32_t> cu_num_draft; // [batch + 1]
+  std::vector<float> logits;          // [(gamma + 1) * batch, vocab]
+  std::vector<int32_t> draft_tokens;  // [gamma * batch]
+  std::vector<int32_t> cu_num_draft;  // [batch + 1]
   std::vector<float> temperature;
   std::vector<int64_t> seeds, offsets;
 };

@@ -107,34 +107,47 @@ inline void check_writable(const at::Tensor& out, const char* out_name, const Na
               "' is written in place and must not have overlapping elements (e.g. an expanded view)");
   for (const auto& [t, name] : others) {
     if (!t.defined() || std::strcmp(name, out_name) == 0) continue;
-    TORCH_CHECK(!shares_memory(out, t), "flashspark.", op, ": argument '",
-                out_name, "' is written in place and must not share memory with argument '", name, "'");
+    TORCH_CHECK(!shares_memory(out, t), "flashspark.", op, ": argument '", out_name,
+                "' is written in place and must not share memory with argument '", name, "'");
   }
 }
 
 inline const char* status_message(Status s) {
   switch (s) {
-    case Status::kOk: return "ok";
+    case Status::kOk:
+      return "ok";
     case Status::kBadCuNumDraft:
       return "argument 'cu_num_draft' must start at 0, never decrease, and end at the number of draft tokens";
-    case Status::kSpecTooLong: return "argument 'cu_num_draft' gives a request more than max_spec_len draft tokens";
-    case Status::kDraftTokenRange: return "argument 'draft_tokens' holds a token id outside [0, V)";
-    case Status::kCandidateRange: return "argument 'draft_probs_ids' holds a token id outside [0, V)";
+    case Status::kSpecTooLong:
+      return "argument 'cu_num_draft' gives a request more than max_spec_len draft tokens";
+    case Status::kDraftTokenRange:
+      return "argument 'draft_tokens' holds a token id outside [0, V)";
+    case Status::kCandidateRange:
+      return "argument 'draft_probs_ids' holds a token id outside [0, V)";
     case Status::kBadTemperature:
       return "argument 'temperature' must be finite and >= 0 (below 1e-5 a request is greedy)";
     case Status::kDraftNotListed:
       return "argument 'draft_tokens' holds a token that is not among its row's 'draft_probs_ids' (sparse q)";
-    case Status::kNonFiniteLogit: return "argument 'target_logits' holds NaN or +inf in a row that is read";
-    case Status::kNoFiniteLogit: return "argument 'target_logits' has a row that is read with every logit -inf";
-    case Status::kBadDraftProb: return "argument 'draft_probs' holds a value read that is NaN or outside [0, 1]";
-    case Status::kSlotRange: return "argument 'slots' holds a cache row outside [0, B)";
-    case Status::kPositionRange: return "argument 'positions' holds a position outside [0, max_len) of the cache";
-    case Status::kRopeRange: return "argument 'positions' holds a position beyond 'cos_sin_cache'";
-    case Status::kCtxLenRange: return "argument 'ctx_lens' holds a length outside [0, S_max] (the cache length)";
+    case Status::kNonFiniteLogit:
+      return "argument 'target_logits' holds NaN or +inf in a row that is read";
+    case Status::kNoFiniteLogit:
+      return "argument 'target_logits' has a row that is read with every logit -inf";
+    case Status::kBadDraftProb:
+      return "argument 'draft_probs' holds a value read that is NaN or outside [0, 1]";
+    case Status::kSlotRange:
+      return "argument 'slots' holds a cache row outside [0, B)";
+    case Status::kPositionRange:
+      return "argument 'positions' holds a position outside [0, max_len) of the cache";
+    case Status::kRopeRange:
+      return "argument 'positions' holds a position beyond 'cos_sin_cache'";
+    case Status::kCtxLenRange:
+      return "argument 'ctx_lens' holds a length outside [0, S_max] (the cache length)";
     case Status::kBadCuBlocks:
       return "argument 'cu_blocks' must start at 0, never decrease, and end at the number of rows";
-    case Status::kPathTokenRange: return "arguments 'cand_ids' / 'anchor' hold a token id outside [0, V) of a_emb";
-    case Status::kPrevTokenRange: return "argument 'prev_tokens' holds a token id outside [0, V)";
+    case Status::kPathTokenRange:
+      return "arguments 'cand_ids' / 'anchor' hold a token id outside [0, V) of a_emb";
+    case Status::kPrevTokenRange:
+      return "argument 'prev_tokens' holds a token id outside [0, V)";
   }
   return "invalid input";
 }
@@ -148,8 +161,8 @@ inline int32_t* status_ptr(const std::optional<at::Tensor>& status, int64_t item
   const at::Tensor& s = *status;
   TORCH_CHECK(s.device() == ref.device(), "flashspark.", op, ": argument 'status' is on ", s.device(),
               " but the op runs on ", ref.device());
-  TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == items && s.is_contiguous(), "flashspark.",
-              op, ": argument 'status' must be a contiguous int32 tensor of shape [", items, "], got ", s.scalar_type(),
+  TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == items && s.is_contiguous(), "flashspark.", op,
+              ": argument 'status' must be a contiguous int32 tensor of shape [", items, "], got ", s.scalar_type(),
               " ", s.sizes());
   check_writable(s, "status", others, op);
   return s.mutable_data_ptr<int32_t>();
@@ -170,8 +183,7 @@ struct CpuStatus {
   }
   void raise_if_failed(const char* op) const {
     if (!raise) return;
-    for (int32_t code : own)
-      TORCH_CHECK(code == 0, "flashspark.", op, ": ", status_message(Status(code)));
+    for (int32_t code : own) TORCH_CHECK(code == 0, "flashspark.", op, ": ", status_message(Status(code)));
   }
 };
 
@@ -196,10 +208,17 @@ inline at::Tensor inner_contiguous(const at::Tensor& t) { return t.stride(-1) ==
 template <class F>
 void dispatch_float(at::ScalarType dt, const F& f) {
   switch (dt) {
-    case at::kFloat: f.template operator()<float>(); break;
-    case at::kBFloat16: f.template operator()<bfloat16_t>(); break;
-    case at::kHalf: f.template operator()<float16_t>(); break;
-    default: TORCH_CHECK(false, "flashspark: unsupported dtype ", dt);
+    case at::kFloat:
+      f.template operator()<float>();
+      break;
+    case at::kBFloat16:
+      f.template operator()<bfloat16_t>();
+      break;
+    case at::kHalf:
+      f.template operator()<float16_t>();
+      break;
+    default:
+      TORCH_CHECK(false, "flashspark: unsupported dtype ", dt);
   }
 }
 

@@ -25,12 +25,13 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   constexpr const char* op = "two_tap_conv";
   TwoTapArgs a;
   a.all = {{x, "x"}, {base, "base"}};
-  for (const auto& [t, name] : {std::pair{&delta, "delta"}, std::pair{&cu_blocks, "cu_blocks"},
-                                std::pair{&residual, "residual"}, std::pair{&delta_weight, "delta_weight"},
-                                std::pair{&norm_weight, "norm_weight"}})
+  for (const auto& [t, name] :
+       {std::pair{&delta, "delta"}, std::pair{&cu_blocks, "cu_blocks"}, std::pair{&residual, "residual"},
+        std::pair{&delta_weight, "delta_weight"}, std::pair{&norm_weight, "norm_weight"}})
     if (t->has_value()) a.all.push_back({**t, name});
   check_float_dtype(x, op, "x");
-  TORCH_CHECK(x.dim() >= 2, "flashspark.two_tap_conv: argument 'x' must be [..., T, C] (rank >= 2), got ", x.dim(), "-D");
+  TORCH_CHECK(x.dim() >= 2, "flashspark.two_tap_conv: argument 'x' must be [..., T, C] (rank >= 2), got ", x.dim(),
+              "-D");
   a.channels = x.size(-1);
   TORCH_CHECK(a.channels >= 1, "flashspark.two_tap_conv: argument 'x' must have C >= 1 channels, got shape ",
               x.sizes());
@@ -48,10 +49,10 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   if (delta.has_value()) {
     check_device(*delta, x, op, "delta");
     check_dtype(*delta, x.scalar_type(), op, "delta");
-    TORCH_CHECK(delta->dim() >= 2 && delta->numel() == a.rows * 2 * groups && delta->size(-1) == groups &&
-                    delta->size(-2) == 2,
-                "flashspark.two_tap_conv: argument 'delta' must have shape [..., 2, ", groups,
-                "] with one row per row of x (", a.rows, "), got ", delta->sizes());
+    TORCH_CHECK(
+        delta->dim() >= 2 && delta->numel() == a.rows * 2 * groups && delta->size(-1) == groups && delta->size(-2) == 2,
+        "flashspark.two_tap_conv: argument 'delta' must have shape [..., 2, ", groups, "] with one row per row of x (",
+        a.rows, "), got ", delta->sizes());
     a.delta = delta->contiguous();
   } else {
     check_device(*delta_weight, x, op, "delta_weight");
@@ -64,8 +65,9 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   if (residual.has_value()) {
     check_device(*residual, x, op, "residual");
     check_dtype(*residual, x.scalar_type(), op, "residual");
-    TORCH_CHECK(residual->sizes() == x.sizes(), "flashspark.two_tap_conv: argument 'residual' must have the shape of x ",
-                x.sizes(), ", got ", residual->sizes());
+    TORCH_CHECK(residual->sizes() == x.sizes(),
+                "flashspark.two_tap_conv: argument 'residual' must have the shape of x ", x.sizes(), ", got ",
+                residual->sizes());
     a.residual = inner_contiguous(*residual).reshape({-1, a.channels});
   }
   if (norm_weight.has_value()) {
@@ -184,10 +186,9 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
                                 const std::optional<at::Tensor>& g_weight) {
   constexpr const char* op = "path_select";
   PathArgs a;
-  a.all = {{cand_ids, "cand_ids"}, {unary, "unary"}, {a_emb, "a_emb"},   {b_emb, "b_emb"},
-           {anchor, "anchor"},     {temperature, "temperature"}, {seeds, "seeds"}, {offsets, "offsets"}};
-  for (const auto& [t, name] :
-       {std::pair{&g, "g"}, std::pair{&hidden, "hidden"}, std::pair{&g_weight, "g_weight"}})
+  a.all = {{cand_ids, "cand_ids"},       {unary, "unary"}, {a_emb, "a_emb"},    {b_emb, "b_emb"}, {anchor, "anchor"},
+           {temperature, "temperature"}, {seeds, "seeds"}, {offsets, "offsets"}};
+  for (const auto& [t, name] : {std::pair{&g, "g"}, std::pair{&hidden, "hidden"}, std::pair{&g_weight, "g_weight"}})
     if (t->has_value()) a.all.push_back({**t, name});
   a.mode = parse_path_mode(mode);
   check_dim(cand_ids, 3, op, "cand_ids");
@@ -196,8 +197,8 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   check_dim(b_emb, 2, op, "b_emb");
   check_dim(anchor, 1, op, "anchor");
   const std::pair<const at::Tensor*, const char*> all[] = {
-      {&unary, "unary"}, {&a_emb, "a_emb"}, {&b_emb, "b_emb"}, {&anchor, "anchor"},
-      {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
+      {&unary, "unary"}, {&a_emb, "a_emb"},    {&b_emb, "b_emb"}, {&anchor, "anchor"}, {&temperature, "temperature"},
+      {&seeds, "seeds"}, {&offsets, "offsets"}};
   for (const auto& [t, name] : all) check_device(*t, cand_ids, op, name);
   a.requests = cand_ids.size(0);
   a.positions = cand_ids.size(1);
@@ -216,9 +217,10 @@ inline PathArgs check_path_args(const at::Tensor& cand_ids, const at::Tensor& un
   check_dtype(b_emb, a_emb.scalar_type(), op, "b_emb");
   TORCH_CHECK(b_emb.sizes() == a_emb.sizes(), "flashspark.path_select: argument 'b_emb' must have the shape of a_emb ",
               a_emb.sizes(), ", got ", b_emb.sizes());
-  TORCH_CHECK(g.has_value() != (hidden.has_value() || g_weight.has_value()) && hidden.has_value() == g_weight.has_value(),
-              "flashspark.path_select: pass either 'g' or both 'hidden' and 'g_weight' (g = hidden @ g_weight.T, ",
-              "computed in the op)");
+  TORCH_CHECK(
+      g.has_value() != (hidden.has_value() || g_weight.has_value()) && hidden.has_value() == g_weight.has_value(),
+      "flashspark.path_select: pass either 'g' or both 'hidden' and 'g_weight' (g = hidden @ g_weight.T, ",
+      "computed in the op)");
   if (g.has_value()) {
     check_dim(*g, 3, op, "g");
     check_device(*g, cand_ids, op, "g");
@@ -272,9 +274,12 @@ struct PathOutputs {
 inline PathOutputs empty_path_outputs(const PathArgs& a) {
   const auto f = a.unary.options().dtype(at::kFloat);
   const auto i = a.unary.options().dtype(at::kInt);
-  return {at::empty({a.requests, a.positions}, i), at::empty({a.requests, a.positions}, i),
-          at::empty({a.requests, a.positions, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
-          at::empty({a.requests, a.positions, a.k, a.k}, f), at::empty({a.requests, a.positions, a.k}, f),
+  return {at::empty({a.requests, a.positions}, i),
+          at::empty({a.requests, a.positions}, i),
+          at::empty({a.requests, a.positions, a.k}, f),
+          at::empty({a.requests, a.positions, a.k}, f),
+          at::empty({a.requests, a.positions, a.k, a.k}, f),
+          at::empty({a.requests, a.positions, a.k}, f),
           at::empty({a.requests, a.positions, a.k}, i),
           a.g_weight.defined() ? at::empty({a.requests, a.positions, a.rank}, f) : at::Tensor()};
 }

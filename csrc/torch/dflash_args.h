@@ -21,7 +21,11 @@ inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& v_block, double scale) {
   constexpr const char* op = "block_diffusion_attention";
   BlockAttnArgs a;
-  a.all = {{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {ctx_lens, "ctx_lens"}, {k_block, "k_block"},
+  a.all = {{q, "q"},
+           {k_cache, "k_cache"},
+           {v_cache, "v_cache"},
+           {ctx_lens, "ctx_lens"},
+           {k_block, "k_block"},
            {v_block, "v_block"}};
   check_finite_scalar(scale, false, op, "scale");
   const std::pair<const at::Tensor*, const char*> four_d[] = {
@@ -40,11 +44,10 @@ inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor
   a.head_dim = q.size(3);
   a.num_kv_heads = k_cache.size(1);
   a.max_len = k_cache.size(2);
-  TORCH_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "flashspark.", op, ": argument 'q' must have head_dim in [1, ",
-              kMaxHeadDim, "], got ", a.head_dim);
-  TORCH_CHECK(a.num_kv_heads > 0 && a.num_q_heads % a.num_kv_heads == 0, "flashspark.", op,
-              ": argument 'k_cache' has ", a.num_kv_heads, " KV heads, which must divide the ", a.num_q_heads,
-              " query heads");
+  TORCH_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "flashspark.", op,
+              ": argument 'q' must have head_dim in [1, ", kMaxHeadDim, "], got ", a.head_dim);
+  TORCH_CHECK(a.num_kv_heads > 0 && a.num_q_heads % a.num_kv_heads == 0, "flashspark.", op, ": argument 'k_cache' has ",
+              a.num_kv_heads, " KV heads, which must divide the ", a.num_q_heads, " query heads");
   check_size(k_cache, 0, a.batch, op, "k_cache", "batch");
   check_size(k_cache, 3, a.head_dim, op, "k_cache", "head_dim");
   TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "flashspark.", op, ": argument 'v_cache' must have the shape of ",
@@ -72,8 +75,8 @@ inline BlockAttnArgs check_block_attn_args(const at::Tensor& q, const at::Tensor
 
 // Output plus the split-KV workspace; sizes depend on shapes only.
 template <class T>
-BlockAttnParams<T> make_block_attn_params(const BlockAttnArgs& a, double scale, at::Tensor& out,
-                                          at::Tensor& workspace, int32_t* status) {
+BlockAttnParams<T> make_block_attn_params(const BlockAttnArgs& a, double scale, at::Tensor& out, at::Tensor& workspace,
+                                          int32_t* status) {
   BlockAttnParams<T> p;
   p.status = status;
   p.q = reinterpret_cast<const T*>(a.q.const_data_ptr());
@@ -127,9 +130,13 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
   InjectArgs a;
   check_finite_scalar(eps, true, op, "eps");
   check_float_dtype(k_cache, op, "k_cache");
-  const std::pair<const at::Tensor*, const char*> tensors[] = {
-      {&k, "k"}, {&v, "v"}, {&positions, "positions"}, {&slots, "slots"}, {&k_norm_weight, "k_norm_weight"},
-      {&cos_sin_cache, "cos_sin_cache"}, {&v_cache, "v_cache"}};
+  const std::pair<const at::Tensor*, const char*> tensors[] = {{&k, "k"},
+                                                               {&v, "v"},
+                                                               {&positions, "positions"},
+                                                               {&slots, "slots"},
+                                                               {&k_norm_weight, "k_norm_weight"},
+                                                               {&cos_sin_cache, "cos_sin_cache"},
+                                                               {&v_cache, "v_cache"}};
   for (const auto& [t, name] : tensors) check_device(*t, k_cache, op, name);
   check_dim(k, 3, op, "k");
   check_dim(v, 3, op, "v");
@@ -165,10 +172,14 @@ inline InjectArgs check_inject_args(const at::Tensor& k, const at::Tensor& v, co
   check_fits_int32(cos_sin_cache.size(0), op, "cos_sin_cache", "max_pos");
   // The caches are written in place: no expanded views, and no memory shared with each
   // other or with any input.
-  const NamedTensors all = {{k, "k"},       {v, "v"},
-                            {positions, "positions"}, {slots, "slots"},
-                            {k_norm_weight, "k_norm_weight"}, {cos_sin_cache, "cos_sin_cache"},
-                            {k_cache, "k_cache"}, {v_cache, "v_cache"}};
+  const NamedTensors all = {{k, "k"},
+                            {v, "v"},
+                            {positions, "positions"},
+                            {slots, "slots"},
+                            {k_norm_weight, "k_norm_weight"},
+                            {cos_sin_cache, "cos_sin_cache"},
+                            {k_cache, "k_cache"},
+                            {v_cache, "v_cache"}};
   check_writable(k_cache, "k_cache", all, op);
   check_writable(v_cache, "v_cache", all, op);
   a.all = all;

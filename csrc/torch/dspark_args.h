@@ -19,9 +19,16 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
                                     const at::Tensor& positions) {
   constexpr const char* op = "markov_step";
   MarkovArgs a;
-  a.all = {{base_logits, "base_logits"}, {prev_tokens, "prev_tokens"}, {w1, "w1"},         {w2, "w2"},
-           {hidden, "hidden"},           {conf_w, "conf_w"},           {conf_b, "conf_b"}, {temperature, "temperature"},
-           {seeds, "seeds"},             {positions, "positions"}};
+  a.all = {{base_logits, "base_logits"},
+           {prev_tokens, "prev_tokens"},
+           {w1, "w1"},
+           {w2, "w2"},
+           {hidden, "hidden"},
+           {conf_w, "conf_w"},
+           {conf_b, "conf_b"},
+           {temperature, "temperature"},
+           {seeds, "seeds"},
+           {positions, "positions"}};
   if (bias.has_value()) a.all.push_back({*bias, "bias"});
   check_float_dtype(base_logits, op, "base_logits");
   check_dim(base_logits, 2, op, "base_logits");
@@ -33,15 +40,15 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
   a.vocab = base_logits.size(1);
   a.rank = w1.size(1);
   a.hidden_size = hidden.size(1);
-  const std::pair<const at::Tensor*, const char*> floats[] = {{&w1, "w1"}, {&w2, "w2"}, {&hidden, "hidden"},
-                                                               {&conf_w, "conf_w"}};
+  const std::pair<const at::Tensor*, const char*> floats[] = {
+      {&w1, "w1"}, {&w2, "w2"}, {&hidden, "hidden"}, {&conf_w, "conf_w"}};
   for (const auto& [t, name] : floats) {
     check_device(*t, base_logits, op, name);
     check_dtype(*t, base_logits.scalar_type(), op, name);
   }
-  TORCH_CHECK(w1.size(0) == a.vocab && w2.size(0) == a.vocab && w2.size(1) == a.rank, "flashspark.markov_step: ",
-              "arguments 'w1' and 'w2' must both have shape [V, r] = [", a.vocab, ", ", a.rank, "], got ", w1.sizes(),
-              " and ", w2.sizes());
+  TORCH_CHECK(w1.size(0) == a.vocab && w2.size(0) == a.vocab && w2.size(1) == a.rank,
+              "flashspark.markov_step: ", "arguments 'w1' and 'w2' must both have shape [V, r] = [", a.vocab, ", ",
+              a.rank, "], got ", w1.sizes(), " and ", w2.sizes());
   TORCH_CHECK(a.rank >= 1 && a.rank <= 512, "flashspark.markov_step: argument 'w1' must have rank r in [1, 512], got ",
               a.rank);
   TORCH_CHECK(a.vocab >= 1, "flashspark.markov_step: argument 'base_logits' must have V >= 1 entries per row, got ",
@@ -53,13 +60,13 @@ inline MarkovArgs check_markov_args(const at::Tensor& base_logits, const at::Ten
   check_size(conf_w, 0, a.hidden_size + a.rank, op, "conf_w", "H + r");
   check_device(conf_b, base_logits, op, "conf_b");
   check_float_dtype(conf_b, op, "conf_b");
-  TORCH_CHECK(conf_b.numel() == 1 && conf_b.dim() <= 1, "flashspark.markov_step: argument 'conf_b' must have shape [1], got ",
-              conf_b.sizes());
+  TORCH_CHECK(conf_b.numel() == 1 && conf_b.dim() <= 1,
+              "flashspark.markov_step: argument 'conf_b' must have shape [1], got ", conf_b.sizes());
   if (bias.has_value()) {
     check_device(*bias, base_logits, op, "bias");
     check_dtype(*bias, base_logits.scalar_type(), op, "bias");
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == a.vocab, "flashspark.markov_step: argument 'bias' must have shape [",
-                a.vocab, "], got ", bias->sizes());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == a.vocab,
+                "flashspark.markov_step: argument 'bias' must have shape [", a.vocab, "], got ", bias->sizes());
     a.bias = bias->contiguous();
   }
   const std::pair<const at::Tensor*, const char*> per_request[] = {

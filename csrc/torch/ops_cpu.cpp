@@ -6,9 +6,9 @@
 #include "dflash2_args.h"
 #include "dflash_args.h"
 #include "dspark_args.h"
-#include "flashspark/cpu/dspark.h"
-#include "flashspark/cpu/dflash2.h"
 #include "flashspark/cpu/dflash.h"
+#include "flashspark/cpu/dflash2.h"
+#include "flashspark/cpu/dspark.h"
 #include "flashspark/cpu/verify.h"
 #include "verify_args.h"
 
@@ -34,14 +34,15 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
   check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
-  const CpuStatus st(status_ptr(status, a.batch, target_logits,
-                                with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
-                                "verify"),
-                     a.batch);
+  const CpuStatus st(
+      status_ptr(status, a.batch, target_logits,
+                 with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
+                 "verify"),
+      a.batch);
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st.ptr);
-    raise_before_launch(st, a.batch, [&](int64_t b) { return verify_check_request(p, int32_t(b), a.num_tokens); },
-                        "verify");
+    raise_before_launch(
+        st, a.batch, [&](int64_t b) { return verify_check_request(p, int32_t(b), a.num_tokens); }, "verify");
     cpu::verify_cpu(p, a.num_tokens, AtenParallelFor{});
   });
   st.raise_if_failed("verify");  // what only the walk sees: non-finite logits, bad dense q
@@ -84,7 +85,8 @@ at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const s
                             const std::optional<at::Tensor>& norm_weight, double norm_eps,
                             const std::optional<at::Tensor>& status) {
   constexpr const char* op = "two_tap_conv";
-  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
+  const TwoTapArgs a =
+      check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
   const CpuStatus st(status_ptr(status, 1, x, a.all, op), 1);
   at::Tensor out = at::empty(x.sizes(), x.options());
   dispatch_float(x.scalar_type(), [&]<class T>() {
@@ -99,10 +101,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cpu(const at::Tensor&
   const TopKArgs a = check_topk_args(logits, k);
   at::Tensor values = at::empty(a.out_shape, logits.options().dtype(at::kFloat));
   at::Tensor ids = at::empty(a.out_shape, logits.options().dtype(at::kInt));
-  at::Tensor lse = at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
-  dispatch_float(logits.scalar_type(), [&]<class T>() {
-    cpu::topk_select_cpu(make_topk_params<T>(a, values, ids, lse), AtenParallelFor{});
-  });
+  at::Tensor lse =
+      at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
+  dispatch_float(logits.scalar_type(),
+                 [&]<class T>() { cpu::topk_select_cpu(make_topk_params<T>(a, values, ids, lse), AtenParallelFor{}); });
   return {values, ids, lse};
 }
 
@@ -112,8 +114,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cpu(
     const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
     const std::optional<at::Tensor>& g_weight, const std::optional<at::Tensor>& status) {
   constexpr const char* op = "path_select";
-  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
-                                     hidden, g_weight);
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds,
+                                     offsets, hidden, g_weight);
   const CpuStatus st(status_ptr(status, a.requests, cand_ids, a.all, op), a.requests);
   PathOutputs o = empty_path_outputs(a);
   dispatch_float(a_emb.scalar_type(), [&]<class T>() {
@@ -130,8 +132,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cpu(
     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions,
     const std::optional<at::Tensor>& status) {
   constexpr const char* op = "markov_step";
-  const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
-                                         seeds, positions);
+  const MarkovArgs a =
+      check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions);
   const CpuStatus st(status_ptr(status, a.batch, base_logits, a.all, op), a.batch);
   MarkovOutputs o;
   dispatch_float(base_logits.scalar_type(), [&]<class T>() {

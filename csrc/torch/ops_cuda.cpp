@@ -3,14 +3,14 @@
 // synchronization: bad values inside device tensors fail their request alone,
 // reported in the optional status tensor (see flashspark.raise_on_status); no
 // kernel traps.
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "flashspark/cuda/launch.h"
 #include "dflash2_args.h"
 #include "dflash_args.h"
 #include "dspark_args.h"
+#include "flashspark/cuda/launch.h"
 #include "verify_args.h"
 
 namespace flashspark::binding {
@@ -76,7 +76,8 @@ at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const 
                              const std::optional<at::Tensor>& norm_weight, double norm_eps,
                              const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(x.device());
-  TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
+  TwoTapArgs a =
+      check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
   int32_t* st = status_ptr(status, 1, x, a.all, "two_tap_conv");
   // The conv kernel reads the offsets' check from a status entry: the caller's, or ours.
   at::Tensor own_status;
@@ -101,7 +102,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_select_cuda(const at::Tensor
   const TopKArgs a = check_topk_args(logits, k);
   at::Tensor values = at::empty(a.out_shape, logits.options().dtype(at::kFloat));
   at::Tensor ids = at::empty(a.out_shape, logits.options().dtype(at::kInt));
-  at::Tensor lse = at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
+  at::Tensor lse =
+      at::empty(at::IntArrayRef(a.out_shape).slice(0, a.out_shape.size() - 1), logits.options().dtype(at::kFloat));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(logits.scalar_type(), [&]<class T>() {
     check_cuda(cuda::launch_topk_select<T>(make_topk_params<T>(a, values, ids, lse), stream), "topk_select");
@@ -115,8 +117,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> path_select_cuda(
     const at::Tensor& seeds, const at::Tensor& offsets, const std::optional<at::Tensor>& hidden,
     const std::optional<at::Tensor>& g_weight, const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(cand_ids.device());
-  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds, offsets,
-                                     hidden, g_weight);
+  const PathArgs a = check_path_args(cand_ids, unary, a_emb, b_emb, g, anchor, std::string(mode), temperature, seeds,
+                                     offsets, hidden, g_weight);
   int32_t* st = status_ptr(status, a.requests, cand_ids, a.all, "path_select");
   PathOutputs o = empty_path_outputs(a);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -132,8 +134,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> markov_step_cuda(
     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& positions,
     const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(base_logits.device());
-  const MarkovArgs a = check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature,
-                                         seeds, positions);
+  const MarkovArgs a =
+      check_markov_args(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions);
   TORCH_CHECK(a.batch <= 256, "flashspark.markov_step: argument 'base_logits' has ", a.batch,
               " requests; the CUDA kernel takes at most 256 per call");
   int32_t* st = status_ptr(status, a.batch, base_logits, a.all, "markov_step");

@@ -14,7 +14,9 @@ inline at::Tensor as_int32(const at::Tensor& t, const char* name) { return as_in
 inline void check_device(const at::Tensor& t, const at::Tensor& ref, const char* name) {
   binding::check_device(t, ref, "verify", name);
 }
-inline void check_dim(const at::Tensor& t, int64_t dim, const char* name) { binding::check_dim(t, dim, "verify", name); }
+inline void check_dim(const at::Tensor& t, int64_t dim, const char* name) {
+  binding::check_dim(t, dim, "verify", name);
+}
 
 // The one bound on max_spec_len: the output width is max_spec_len + 1 per request.
 constexpr int64_t kMaxSpecLen = 4096;
@@ -32,8 +34,12 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                                     const std::optional<at::Tensor>& draft_probs_ids, const at::Tensor& temperature,
                                     const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len) {
   VerifyArgs a;
-  a.inputs = {{target_logits, "target_logits"}, {draft_tokens, "draft_tokens"}, {cu_num_draft, "cu_num_draft"},
-              {temperature, "temperature"},     {seeds, "seeds"},               {offsets, "offsets"}};
+  a.inputs = {{target_logits, "target_logits"},
+              {draft_tokens, "draft_tokens"},
+              {cu_num_draft, "cu_num_draft"},
+              {temperature, "temperature"},
+              {seeds, "seeds"},
+              {offsets, "offsets"}};
   if (draft_probs.has_value()) a.inputs.push_back({*draft_probs, "draft_probs"});
   if (draft_probs_ids.has_value()) a.inputs.push_back({*draft_probs_ids, "draft_probs_ids"});
   check_dim(target_logits, 2, "target_logits");
@@ -56,7 +62,8 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
   a.num_tokens = int32_t(draft_tokens.numel());
   a.vocab = int32_t(a.logits.size(1));
   a.max_spec_len = int32_t(max_spec_len);
-  TORCH_CHECK(a.logits.size(0) == int64_t(a.num_tokens) + a.batch, "flashspark.verify: argument 'target_logits' must have ",
+  TORCH_CHECK(a.logits.size(0) == int64_t(a.num_tokens) + a.batch,
+              "flashspark.verify: argument 'target_logits' must have ",
               "one row per draft token plus one bonus row per request (", a.num_tokens, " + ", a.batch, " = ",
               a.num_tokens + a.batch, "), got ", a.logits.size(0));
 
@@ -68,9 +75,10 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
     TORCH_CHECK(t->numel() == a.batch, "flashspark.verify: argument '", name, "' must have B = ", a.batch,
                 " entries, got ", t->numel());
   }
-  TORCH_CHECK(temperature.scalar_type() == at::kFloat, "flashspark.verify: argument 'temperature' must be float32, got ",
-              temperature.scalar_type());
-  TORCH_CHECK(seeds.scalar_type() == at::kLong, "flashspark.verify: argument 'seeds' must be int64, got ", seeds.scalar_type());
+  TORCH_CHECK(temperature.scalar_type() == at::kFloat,
+              "flashspark.verify: argument 'temperature' must be float32, got ", temperature.scalar_type());
+  TORCH_CHECK(seeds.scalar_type() == at::kLong, "flashspark.verify: argument 'seeds' must be int64, got ",
+              seeds.scalar_type());
   TORCH_CHECK(offsets.scalar_type() == at::kLong, "flashspark.verify: argument 'offsets' must be int64, got ",
               offsets.scalar_type());
   a.temperature = temperature.contiguous();
@@ -85,8 +93,9 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
     check_device(q, target_logits, "draft_probs");
     TORCH_CHECK(q.scalar_type() == at::kFloat, "flashspark.verify: argument 'draft_probs' must be float32, got ",
                 q.scalar_type());
-    TORCH_CHECK(q.size(0) == a.num_tokens, "flashspark.verify: argument 'draft_probs' must have one row per draft token (",
-                a.num_tokens, "), got ", q.size(0));
+    TORCH_CHECK(q.size(0) == a.num_tokens,
+                "flashspark.verify: argument 'draft_probs' must have one row per draft token (", a.num_tokens,
+                "), got ", q.size(0));
     check_fits_int32(q.size(1), "verify", "draft_probs", "K");
     a.q_probs = inner_contiguous(q);
     if (draft_probs_ids.has_value()) {
@@ -99,8 +108,9 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
       a.q_mode = DraftQ::kSparse;
       a.num_candidates = int32_t(q.size(1));
     } else {
-      TORCH_CHECK(q.size(1) == a.vocab, "flashspark.verify: argument 'draft_probs' must be dense [T, V] with V = ",
-                  a.vocab, " (or pass 'draft_probs_ids' for sparse q), got ", q.sizes());
+      TORCH_CHECK(q.size(1) == a.vocab,
+                  "flashspark.verify: argument 'draft_probs' must be dense [T, V] with V = ", a.vocab,
+                  " (or pass 'draft_probs_ids' for sparse q), got ", q.sizes());
       a.q_mode = DraftQ::kDense;
     }
   }
@@ -114,8 +124,8 @@ inline void check_verify_outputs(const VerifyArgs& a, const at::Tensor& logits, 
   TORCH_CHECK(out_tokens.scalar_type() == at::kInt && out_num_accepted.scalar_type() == at::kInt,
               "flashspark.verify: arguments 'out_tokens' and 'out_num_accepted' must be int32");
   TORCH_CHECK(out_tokens.dim() == 2 && out_tokens.size(0) == a.batch && out_tokens.size(1) == a.max_spec_len + 1,
-              "flashspark.verify: argument 'out_tokens' must have shape [", a.batch, ", ", a.max_spec_len + 1, "], got ",
-              out_tokens.sizes());
+              "flashspark.verify: argument 'out_tokens' must have shape [", a.batch, ", ", a.max_spec_len + 1,
+              "], got ", out_tokens.sizes());
   TORCH_CHECK(out_num_accepted.dim() == 1 && out_num_accepted.size(0) == a.batch,
               "flashspark.verify: argument 'out_num_accepted' must have shape [", a.batch, "], got ",
               out_num_accepted.sizes());

@@ -51,7 +51,7 @@ RANGES = {
     "k": _at_least(1),  # its bound, the drafter's block size - 1: spec.cli.check_generate_spec_args
     "delay": _at_least(0),
     # The loop's Philox seeds are (seed << 32) + request, in int64.
-    "seed": (lambda v: 0 <= v < 2 ** 31, f"must be in [0, {2 ** 31 - 1}]"),
+    "seed": (lambda v: 0 <= v < 2**31, f"must be in [0, {2**31 - 1}]"),
     "temperature": _FINITE_NONNEGATIVE,
     "temperatures": _FINITE_NONNEGATIVE,
     "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
@@ -112,11 +112,22 @@ def add_train_target(sub) -> None:
 def run_train_target(args) -> int:
     from .train.target import TrainArgs, train
 
-    a = TrainArgs(out=args.out, minutes=args.minutes, resume=args.resume, threads=args.threads,
-                  batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, seed=args.seed,
-                  num_hidden_layers=args.layers, hidden_size=args.hidden_size,
-                  intermediate_size=args.intermediate_size, bf16=not args.no_bf16,
-                  eval_every_min=args.eval_every, command=args.command_line)
+    a = TrainArgs(
+        out=args.out,
+        minutes=args.minutes,
+        resume=args.resume,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        seed=args.seed,
+        num_hidden_layers=args.layers,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        bf16=not args.no_bf16,
+        eval_every_min=args.eval_every,
+        command=args.command_line,
+    )
     if args.export:
         a.export = args.export
     train(a)
@@ -138,8 +149,12 @@ def add_generate(sub) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="requests per batch (default: all prompts)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="stop a request at <|endoftext|> (default on)")
+    p.add_argument(
+        "--stop-at-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop a request at <|endoftext|> (default on)",
+    )
     from .spec.cli import add_generate_spec_args
 
     add_generate_spec_args(p)
@@ -215,16 +230,27 @@ def run_generate(args) -> int:
     tok = load_tokenizer(args.tokenizer)
     dtype = torch.float32 if args.device == "cpu" else None
     model = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
-    texts, stats = generate_text(model, tok, prompts, max_new_tokens=args.max_new_tokens,
-                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                 batch_size=args.batch_size, stop_at_eos=args.stop_at_eos)
+    texts, stats = generate_text(
+        model,
+        tok,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        stop_at_eos=args.stop_at_eos,
+    )
     for i, (prompt, text) in enumerate(zip(prompts, texts)):
         if len(prompts) > 1:
             print(f"===== prompt {i} =====")
         print(prompt + text)
-    print(f"\n[{args.method}] {stats['new_tokens']} new tokens in {stats['seconds']:.2f} s: "
-          f"{stats['tokens_per_s']:.1f} tokens/s (prefill {stats['prefill_seconds']:.2f} s, "
-          f"batch size {stats['batch_size']})", file=sys.stderr)
+    print(
+        f"\n[{args.method}] {stats['new_tokens']} new tokens in {stats['seconds']:.2f} s: "
+        f"{stats['tokens_per_s']:.1f} tokens/s (prefill {stats['prefill_seconds']:.2f} s, "
+        f"batch size {stats['batch_size']})",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -33,6 +33,7 @@ TASKS = ("code", "prose")
 
 # ---------------------------------------------------------------- corpus files
 
+
 def stdlib_root() -> Path:
     """Directory of the running interpreter's standard library."""
     return Path(sysconfig.get_paths()["stdlib"])
@@ -97,6 +98,7 @@ def corpus_manifest(split: str = "train", root: Path | None = None) -> dict:
 
 
 # ------------------------------------------------------------------- tokenizer
+
 
 def train_tokenizer(texts, vocab_size: int = 4096):
     """Byte-level BPE over `texts` with the project's special tokens first
@@ -189,6 +191,7 @@ def split_token_ids(split: str, tokenizer, cache_dir: str | Path | None = None) 
 
 
 # ------------------------------------------------------------ held-out prompts
+
 
 def extract_prose(source: str) -> list[str]:
     """Docstrings and comment blocks of one source file, in source order."""
@@ -304,7 +307,7 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer, prompt_set
                 # Only lines where a token boundary falls exactly at the line
                 # start, so the prompt text begins with the whole line.
                 if t < len(ids) and tok_starts[t] == offsets[li] and t + prompt_tokens <= len(ids):
-                    candidates.append(ids[t:t + prompt_tokens])
+                    candidates.append(ids[t : t + prompt_tokens])
     else:
         encs = tokenizer.encode_batch([d + "\n\n" for d in docs], add_special_tokens=False)
         stream: list[int] = []
@@ -314,10 +317,11 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer, prompt_set
             stream.extend(e.ids)
         for s in doc_starts:
             if s + prompt_tokens <= len(stream):
-                candidates.append(stream[s:s + prompt_tokens])
+                candidates.append(stream[s : s + prompt_tokens])
     if len(candidates) < n:
         raise ValueError(
-            f"{prompt_set} {task} set has only {len(candidates)} prompts of {prompt_tokens} tokens; asked for {n}")
+            f"{prompt_set} {task} set has only {len(candidates)} prompts of {prompt_tokens} tokens; asked for {n}"
+        )
     picks = np.linspace(0, len(candidates) - 1, n).round().astype(int)
     return [list(candidates[i]) for i in picks]
 

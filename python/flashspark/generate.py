@@ -14,8 +14,9 @@ import torch
 from .models.qwen3 import Qwen3ForCausalLM
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Next token per row of `logits` [B, V]: argmax when temperature == 0,
     otherwise a sample from softmax(logits / T) restricted to the top-p
     nucleus."""
@@ -41,16 +42,26 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, limit: int, voc
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty")
         if len(p) + max_new_tokens > limit:
-            raise ValueError(f"prompt {i} has {len(p)} tokens; with {max_new_tokens} new tokens it needs "
-                             f"{len(p) + max_new_tokens} positions but the cache holds {limit}")
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with {max_new_tokens} new tokens it needs "
+                f"{len(p) + max_new_tokens} positions but the cache holds {limit}"
+            )
         if min(p) < 0 or max(p) >= vocab_size:
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
 
 
 @torch.no_grad()
-def generate(model: Qwen3ForCausalLM, prompts: list[list[int]], max_new_tokens: int = 128,
-             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, eos_id: int | None = None,
-             batch_size: int | None = None, max_len: int | None = None) -> tuple[list[list[int]], dict]:
+def generate(
+    model: Qwen3ForCausalLM,
+    prompts: list[list[int]],
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+    batch_size: int | None = None,
+    max_len: int | None = None,
+) -> tuple[list[list[int]], dict]:
     """Decode every prompt; returns (new tokens per prompt, stats).
 
     Prompts are processed in batches of `batch_size` (default: all at once).
@@ -69,16 +80,20 @@ def generate(model: Qwen3ForCausalLM, prompts: list[list[int]], max_new_tokens: 
     outputs: list[list[int]] = []
     stats = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "forwards": 0, "batch_size": batch_size}
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         out, st = _generate_batch(model, chunk, max_new_tokens, temperature, top_p, generator, eos_id, max_len, device)
         outputs += out
         for k in ("prefill_seconds", "decode_seconds", "forwards"):
             stats[k] += st[k]
     new_tokens = sum(len(o) for o in outputs)
     seconds = stats["prefill_seconds"] + stats["decode_seconds"]
-    stats.update(new_tokens=new_tokens, seconds=seconds, requests=len(prompts),
-                 tokens_per_s=new_tokens / seconds if seconds > 0 else 0.0,
-                 decode_tokens_per_s=new_tokens / stats["decode_seconds"] if stats["decode_seconds"] > 0 else 0.0)
+    stats.update(
+        new_tokens=new_tokens,
+        seconds=seconds,
+        requests=len(prompts),
+        tokens_per_s=new_tokens / seconds if seconds > 0 else 0.0,
+        decode_tokens_per_s=new_tokens / stats["decode_seconds"] if stats["decode_seconds"] > 0 else 0.0,
+    )
     return outputs, stats
 
 
@@ -93,7 +108,7 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generato
     cache_len = max_len or int(lens.max()) + max_new_tokens
     tokens = torch.zeros(B, int(lens.max()), dtype=torch.int64)
     for b, p in enumerate(prompts):
-        tokens[b, :len(p)] = torch.tensor(p, dtype=torch.int64)
+        tokens[b, : len(p)] = torch.tensor(p, dtype=torch.int64)
     out: list[list[int]] = [[] for _ in range(B)]
     if max_new_tokens == 0:
         return out, {"prefill_seconds": 0.0, "decode_seconds": 0.0, "forwards": 0}
@@ -128,9 +143,17 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generato
     return out, {"prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forwards": forwards}
 
 
-def generate_text(model, tokenizer, prompts: list[str], max_new_tokens: int = 128, temperature: float = 0.0,
-                  top_p: float = 1.0, seed: int = 0, batch_size: int | None = None,
-                  stop_at_eos: bool = True) -> tuple[list[str], dict]:
+def generate_text(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int | None = None,
+    stop_at_eos: bool = True,
+) -> tuple[list[str], dict]:
     """`generate` on text: returns the decoded continuation of each prompt
     (without a final <|endoftext|>) and the stats."""
     from .data import special_token_ids
@@ -141,7 +164,8 @@ def generate_text(model, tokenizer, prompts: list[str], max_new_tokens: int = 12
             raise ValueError(f"prompt {i} is empty")
         ids.append(tokenizer.encode(p, add_special_tokens=False).ids)
     eos = special_token_ids(tokenizer)["eot"]
-    out, stats = generate(model, ids, max_new_tokens, temperature, top_p, seed,
-                          eos_id=eos if stop_at_eos else None, batch_size=batch_size)
+    out, stats = generate(
+        model, ids, max_new_tokens, temperature, top_p, seed, eos_id=eos if stop_at_eos else None, batch_size=batch_size
+    )
     texts = [tokenizer.decode([t for t in o if t != eos]) for o in out]
     return texts, stats

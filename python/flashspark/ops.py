@@ -23,8 +23,17 @@ from typing import Optional
 import torch
 
 __all__ = [
-    "verify", "verify_out", "block_diffusion_attention", "inject_context_kv", "two_tap_conv", "topk_select",
-    "path_select", "markov_step", "raise_on_status", "GREEDY_TEMPERATURE", "MAX_SPEC_LEN",
+    "verify",
+    "verify_out",
+    "block_diffusion_attention",
+    "inject_context_kv",
+    "two_tap_conv",
+    "topk_select",
+    "path_select",
+    "markov_step",
+    "raise_on_status",
+    "GREEDY_TEMPERATURE",
+    "MAX_SPEC_LEN",
 ]
 
 # Below this temperature a request samples greedily (vLLM's floor): the kernels' kGreedyTemperature,
@@ -59,8 +68,10 @@ def _one_device(op: str, **tensors) -> None:
         if first is None:
             first = (name, t.device)
         elif t.device != first[1]:
-            raise RuntimeError(f"flashspark.{op}: argument '{name}' is on {t.device} but argument "
-                               f"'{first[0]}' is on {first[1]}; every tensor of a call must be on one device")
+            raise RuntimeError(
+                f"flashspark.{op}: argument '{name}' is on {t.device} but argument "
+                f"'{first[0]}' is on {first[1]}; every tensor of a call must be on one device"
+            )
 
 
 def verify(
@@ -120,8 +131,16 @@ def verify(
     the target argmax is emitted at the first mismatch (ties: lowest id).
     """
     return torch.ops.flashspark.verify(
-        target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-        temperature, seeds, offsets, max_spec_len, status=status,
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
+        status=status,
     )
 
 
@@ -144,18 +163,47 @@ def verify_out(
     ``out_tokens [B, max_spec_len + 1]`` and ``out_num_accepted [B]``, as an
     engine does with persistent buffers inside a captured CUDA graph."""
     torch.ops.flashspark.verify_out(
-        target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-        temperature, seeds, offsets, max_spec_len,
-        out_tokens=out_tokens, out_num_accepted=out_num_accepted, status=status,
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
+        out_tokens=out_tokens,
+        out_num_accepted=out_num_accepted,
+        status=status,
     )
 
 
 @torch.library.register_fake("flashspark::verify")
-def _verify_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-                 temperature, seeds, offsets, max_spec_len, *, status=None):
-    _one_device("verify", target_logits=target_logits, draft_tokens=draft_tokens, cu_num_draft=cu_num_draft,
-                draft_probs=draft_probs, draft_probs_ids=draft_probs_ids, temperature=temperature, seeds=seeds,
-                offsets=offsets, status=status)
+def _verify_fake(
+    target_logits,
+    draft_tokens,
+    cu_num_draft,
+    draft_probs,
+    draft_probs_ids,
+    temperature,
+    seeds,
+    offsets,
+    max_spec_len,
+    *,
+    status=None,
+):
+    _one_device(
+        "verify",
+        target_logits=target_logits,
+        draft_tokens=draft_tokens,
+        cu_num_draft=cu_num_draft,
+        draft_probs=draft_probs,
+        draft_probs_ids=draft_probs_ids,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        status=status,
+    )
     batch = cu_num_draft.shape[0] - 1
     return (
         target_logits.new_empty((batch, max_spec_len + 1), dtype=torch.int32),
@@ -164,11 +212,35 @@ def _verify_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_p
 
 
 @torch.library.register_fake("flashspark::verify_out")
-def _verify_out_fake(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-                     temperature, seeds, offsets, max_spec_len, *, out_tokens, out_num_accepted, status=None):
-    _one_device("verify", target_logits=target_logits, draft_tokens=draft_tokens, cu_num_draft=cu_num_draft,
-                draft_probs=draft_probs, draft_probs_ids=draft_probs_ids, temperature=temperature, seeds=seeds,
-                offsets=offsets, out_tokens=out_tokens, out_num_accepted=out_num_accepted, status=status)
+def _verify_out_fake(
+    target_logits,
+    draft_tokens,
+    cu_num_draft,
+    draft_probs,
+    draft_probs_ids,
+    temperature,
+    seeds,
+    offsets,
+    max_spec_len,
+    *,
+    out_tokens,
+    out_num_accepted,
+    status=None,
+):
+    _one_device(
+        "verify",
+        target_logits=target_logits,
+        draft_tokens=draft_tokens,
+        cu_num_draft=cu_num_draft,
+        draft_probs=draft_probs,
+        draft_probs_ids=draft_probs_ids,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        out_tokens=out_tokens,
+        out_num_accepted=out_num_accepted,
+        status=status,
+    )
     return None
 
 
@@ -208,8 +280,9 @@ def block_diffusion_attention(
     ``h // (Hq // Hkv)``. Softmax in fp32. The CUDA kernel splits the keys
     (flash-decoding) since the context is long and the queries few.
     """
-    return torch.ops.flashspark.block_diffusion_attention(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale,
-                                                          status=status)
+    return torch.ops.flashspark.block_diffusion_attention(
+        q, k_cache, v_cache, ctx_lens, k_block, v_block, scale, status=status
+    )
 
 
 def inject_context_kv(
@@ -248,22 +321,42 @@ def inject_context_kv(
 
     Two tokens writing the same (slot, position) race; callers pass distinct ones.
     """
-    torch.ops.flashspark.inject_context_kv(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache,
-                                           status=status)
+    torch.ops.flashspark.inject_context_kv(
+        k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache, status=status
+    )
 
 
 @torch.library.register_fake("flashspark::block_diffusion_attention")
 def _block_diffusion_attention_fake(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale, *, status=None):
-    _one_device("block_diffusion_attention", q=q, k_cache=k_cache, v_cache=v_cache, ctx_lens=ctx_lens,
-                k_block=k_block, v_block=v_block, status=status)
+    _one_device(
+        "block_diffusion_attention",
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        ctx_lens=ctx_lens,
+        k_block=k_block,
+        v_block=v_block,
+        status=status,
+    )
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("flashspark::inject_context_kv")
-def _inject_context_kv_fake(k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache, *,
-                            status=None):
-    _one_device("inject_context_kv", k_cache=k_cache, k=k, v=v, positions=positions, slots=slots,
-                k_norm_weight=k_norm_weight, cos_sin_cache=cos_sin_cache, v_cache=v_cache, status=status)
+def _inject_context_kv_fake(
+    k, v, positions, slots, k_norm_weight, cos_sin_cache, eps, k_cache, v_cache, *, status=None
+):
+    _one_device(
+        "inject_context_kv",
+        k_cache=k_cache,
+        k=k,
+        v=v,
+        positions=positions,
+        slots=slots,
+        k_norm_weight=k_norm_weight,
+        cos_sin_cache=cos_sin_cache,
+        v_cache=v_cache,
+        status=status,
+    )
     return None
 
 
@@ -314,8 +407,9 @@ def two_tap_conv(
     Returns x's shape and dtype. Inference op (no autograd): training uses the
     reference, which computes the same function.
     """
-    return torch.ops.flashspark.two_tap_conv(x, base, delta, block_size, cu_blocks, residual, delta_weight,
-                                             norm_weight, norm_eps, status=status)
+    return torch.ops.flashspark.two_tap_conv(
+        x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps, status=status
+    )
 
 
 def topk_select(logits: torch.Tensor, k: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -386,12 +480,17 @@ def path_select(
     pass to ``verify`` as sparse q with ``cand_ids``.
     """
     temperature, seeds, offsets = path_sampling_defaults(cand_ids, temperature, seeds, offsets)
-    return torch.ops.flashspark.path_select(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
-                                            hidden, g_weight, status=status)
+    return torch.ops.flashspark.path_select(
+        cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets, hidden, g_weight, status=status
+    )
 
 
-def path_sampling_defaults(cand_ids: torch.Tensor, temperature: Optional[torch.Tensor],
-                           seeds: Optional[torch.Tensor], offsets: Optional[torch.Tensor]):
+def path_sampling_defaults(
+    cand_ids: torch.Tensor,
+    temperature: Optional[torch.Tensor],
+    seeds: Optional[torch.Tensor],
+    offsets: Optional[torch.Tensor],
+):
     """path_select's per-request temperature, seeds and offsets, with the defaults (1, 0, 0) for None."""
     r, dev = cand_ids.shape[0], cand_ids.device
     if temperature is None:
@@ -404,29 +503,72 @@ def path_sampling_defaults(cand_ids: torch.Tensor, temperature: Optional[torch.T
 
 
 @torch.library.register_fake("flashspark::two_tap_conv")
-def _two_tap_conv_fake(x, base, delta, block_size, cu_blocks, residual, delta_weight=None, norm_weight=None,
-                       norm_eps=1e-6, *, status=None):
-    _one_device("two_tap_conv", x=x, base=base, delta=delta, cu_blocks=cu_blocks, residual=residual,
-                delta_weight=delta_weight, norm_weight=norm_weight, status=status)
+def _two_tap_conv_fake(
+    x, base, delta, block_size, cu_blocks, residual, delta_weight=None, norm_weight=None, norm_eps=1e-6, *, status=None
+):
+    _one_device(
+        "two_tap_conv",
+        x=x,
+        base=base,
+        delta=delta,
+        cu_blocks=cu_blocks,
+        residual=residual,
+        delta_weight=delta_weight,
+        norm_weight=norm_weight,
+        status=status,
+    )
     return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("flashspark::topk_select")
 def _topk_select_fake(logits, k):  # one tensor: nothing to mix
     shape = logits.shape[:-1]
-    return (logits.new_empty(shape + (k,), dtype=torch.float32), logits.new_empty(shape + (k,), dtype=torch.int32),
-            logits.new_empty(shape, dtype=torch.float32))
+    return (
+        logits.new_empty(shape + (k,), dtype=torch.float32),
+        logits.new_empty(shape + (k,), dtype=torch.int32),
+        logits.new_empty(shape, dtype=torch.float32),
+    )
 
 
 @torch.library.register_fake("flashspark::path_select")
-def _path_select_fake(cand_ids, unary, a_emb, b_emb, g, anchor, path_mode, temperature, seeds, offsets, hidden=None,
-                      g_weight=None, *, status=None):
-    _one_device("path_select", cand_ids=cand_ids, unary=unary, a_emb=a_emb, b_emb=b_emb, g=g, anchor=anchor,
-                temperature=temperature, seeds=seeds, offsets=offsets, hidden=hidden, g_weight=g_weight,
-                status=status)
+def _path_select_fake(
+    cand_ids,
+    unary,
+    a_emb,
+    b_emb,
+    g,
+    anchor,
+    path_mode,
+    temperature,
+    seeds,
+    offsets,
+    hidden=None,
+    g_weight=None,
+    *,
+    status=None,
+):
+    _one_device(
+        "path_select",
+        cand_ids=cand_ids,
+        unary=unary,
+        a_emb=a_emb,
+        b_emb=b_emb,
+        g=g,
+        anchor=anchor,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        hidden=hidden,
+        g_weight=g_weight,
+        status=status,
+    )
     r, p, k = cand_ids.shape
-    return (cand_ids.new_empty((r, p), dtype=torch.int32), cand_ids.new_empty((r, p), dtype=torch.int32),
-            unary.new_empty((r, p, k), dtype=torch.float32), unary.new_empty((r, p, k), dtype=torch.float32))
+    return (
+        cand_ids.new_empty((r, p), dtype=torch.int32),
+        cand_ids.new_empty((r, p), dtype=torch.int32),
+        unary.new_empty((r, p, k), dtype=torch.float32),
+        unary.new_empty((r, p, k), dtype=torch.float32),
+    )
 
 
 # ---------------------------------------------------------------- DSpark
@@ -471,16 +613,33 @@ def markov_step(
     Returns ``(tokens [B] int32, q [B, V] fp32, confidence [B] fp32)``. The CUDA
     kernel reads W2 once per step for the whole batch (B <= 256, r <= 512).
     """
-    return torch.ops.flashspark.markov_step(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b,
-                                            temperature, seeds, positions, status=status)
+    return torch.ops.flashspark.markov_step(
+        base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions, status=status
+    )
 
 
 @torch.library.register_fake("flashspark::markov_step")
-def _markov_step_fake(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions,
-                      *, status=None):
-    _one_device("markov_step", base_logits=base_logits, prev_tokens=prev_tokens, w1=w1, w2=w2, bias=bias,
-                hidden=hidden, conf_w=conf_w, conf_b=conf_b, temperature=temperature, seeds=seeds,
-                positions=positions, status=status)
+def _markov_step_fake(
+    base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions, *, status=None
+):
+    _one_device(
+        "markov_step",
+        base_logits=base_logits,
+        prev_tokens=prev_tokens,
+        w1=w1,
+        w2=w2,
+        bias=bias,
+        hidden=hidden,
+        conf_w=conf_w,
+        conf_b=conf_b,
+        temperature=temperature,
+        seeds=seeds,
+        positions=positions,
+        status=status,
+    )
     b, v = base_logits.shape
-    return (base_logits.new_empty((b,), dtype=torch.int32), base_logits.new_empty((b, v), dtype=torch.float32),
-            base_logits.new_empty((b,), dtype=torch.float32))
+    return (
+        base_logits.new_empty((b,), dtype=torch.int32),
+        base_logits.new_empty((b, v), dtype=torch.float32),
+        base_logits.new_empty((b,), dtype=torch.float32),
+    )

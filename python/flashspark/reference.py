@@ -68,7 +68,7 @@ def philox_u32(seed: int, position: int, purpose: int, index: torch.Tensor | int
 
 def uniform_open01(bits: torch.Tensor) -> torch.Tensor:
     """Uniform in (0, 1) from 32-bit draws: (2*(x >> 9) + 1) * 2^-24, exact in fp32."""
-    return (((bits >> 9) << 1) | 1).to(torch.float32) * (2.0 ** -24)
+    return (((bits >> 9) << 1) | 1).to(torch.float32) * (2.0**-24)
 
 
 def gumbel(bits: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ def verify_reference(
     for b in range(batch):
         lo, hi = int(cu[b]), int(cu[b + 1])
         n = hi - lo
-        rows = logits[lo + b: hi + b + 1]
+        rows = logits[lo + b : hi + b + 1]
         temp = float(temperature[b])
         seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
         if temp < GREEDY_TEMPERATURE:
@@ -130,7 +130,7 @@ def verify_reference(
             k = 0
             while k < n and int(target[k]) == int(tokens[lo + k]):
                 k += 1
-            out[b, :k] = tokens[lo: lo + k].int()
+            out[b, :k] = tokens[lo : lo + k].int()
             out[b, k] = int(target[k])
             num_accepted[b] = k
             continue
@@ -255,8 +255,9 @@ def rms_norm(x, weight, eps):
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def two_tap_conv_reference(x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None,
-                           norm_weight=None, norm_eps=1e-6):
+def two_tap_conv_reference(
+    x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None, norm_weight=None, norm_eps=1e-6
+):
     """Oracle of :func:`flashspark.ops.two_tap_conv`.
 
     out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
@@ -305,8 +306,9 @@ def path_pair_scores_reference(cand_ids, unary, a_emb, b_emb, g, prev_tokens, t)
     return unary[t].float()[None, :] + ag @ b_emb.float()[cand_ids[t].long()].T
 
 
-def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets,
-                          hidden=None, g_weight=None):
+def path_select_reference(
+    cand_ids, unary, a_emb, b_emb, g, anchor, mode, temperature, seeds, offsets, hidden=None, g_weight=None
+):
     """Oracle of :func:`flashspark.ops.path_select` (plain loops over requests and positions).
     With g None, g = hidden @ g_weight.T in fp32."""
     if g is None:
@@ -318,11 +320,16 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
     q = torch.zeros(requests, positions, k)
     for r in range(requests):
         cid, un, gr = cand_ids[r].cpu(), unary[r].cpu(), g[r].cpu()
-        anchor_r = anchor[r: r + 1].cpu()
+        anchor_r = anchor[r : r + 1].cpu()
         if mode == "backtrack":
-            lattice = [drafter_logits(path_pair_scores_reference(cid, un, a_emb.cpu(), b_emb.cpu(), gr,
-                                                                 anchor_r if t == 0 else cid[t - 1], t))
-                       for t in range(positions)]
+            lattice = [
+                drafter_logits(
+                    path_pair_scores_reference(
+                        cid, un, a_emb.cpu(), b_emb.cpu(), gr, anchor_r if t == 0 else cid[t - 1], t
+                    )
+                )
+                for t in range(positions)
+            ]
             best = lattice[0][0].clone()
             back = []
             for t in range(1, positions):
@@ -355,7 +362,7 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
                 c = int(row.argmax())
                 q[r, t, c] = 1.0
             choice[r, t] = c
-            prev = cid[t, c: c + 1]
+            prev = cid[t, c : c + 1]
     for r in range(requests):
         tokens[r] = cand_ids[r].cpu().gather(-1, choice[r].long()[:, None]).squeeze(-1).int()
     device = cand_ids.device
@@ -365,12 +372,13 @@ def path_select_reference(cand_ids, unary, a_emb, b_emb, g, anchor, mode, temper
 # ---------------------------------------------------------------- DSpark Markov step
 
 
-def markov_step_reference(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds,
-                          positions):
+def markov_step_reference(
+    base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions
+):
     """Oracle of :func:`flashspark.ops.markov_step`."""
     batch, vocab = base_logits.shape
-    e = w1.float()[prev_tokens.long()]                       # [B, r]
-    logits = base_logits.float() + e @ w2.float().T          # [B, V]
+    e = w1.float()[prev_tokens.long()]  # [B, r]
+    logits = base_logits.float() + e @ w2.float().T  # [B, V]
     if bias is not None:
         logits = logits + bias.float()
     logits = drafter_logits(logits)

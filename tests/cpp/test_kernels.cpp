@@ -11,12 +11,12 @@
 using namespace flashspark;
 
 static int failures = 0;
-#define EXPECT(cond)                                                  \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond);   \
-      ++failures;                                                     \
-    }                                                                 \
+#define EXPECT(cond)                                                \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      std::printf("FAILED %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                   \
+    }                                                               \
   } while (0)
 
 static void test_philox_known_answers() {

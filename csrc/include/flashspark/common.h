@@ -3,9 +3,9 @@
 // microbenchmarks and the torch binding layer alike.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cmath>
 
 #if defined(__CUDACC__)
 #define FS_HOST_DEVICE __host__ __device__ __forceinline__
@@ -19,8 +19,12 @@ namespace flashspark {
 
 // 16-bit storage types, layout-compatible with at::BFloat16 / at::Half and
 // with __nv_bfloat16 / __half. Kernels only ever load them and widen to fp32.
-struct bfloat16_t { uint16_t bits; };
-struct float16_t { uint16_t bits; };
+struct bfloat16_t {
+  uint16_t bits;
+};
+struct float16_t {
+  uint16_t bits;
+};
 
 FS_HOST_DEVICE float bits_to_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
@@ -95,8 +99,8 @@ FS_HOST_DEVICE float16_t to_float16(float f) {
   const uint32_t abs = u & 0x7FFFFFFFu;
   if (abs >= 0x7F800000u) return float16_t{uint16_t(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u))};
   if (abs >= 0x477FF000u) return float16_t{uint16_t(sign | 0x7C00u)};  // rounds past 65504
-  if (abs < 0x38800000u) {  // below the smallest normal: a multiple of 2^-24
-    const float mag = bits_to_float(abs) * 16777216.f;  // exact scaling
+  if (abs < 0x38800000u) {                                             // below the smallest normal: a multiple of 2^-24
+    const float mag = bits_to_float(abs) * 16777216.f;                 // exact scaling
     // round half to even, in integer arithmetic on the scaled magnitude
     const uint32_t whole = uint32_t(mag);
     const float frac = mag - float(whole);
@@ -113,11 +117,17 @@ FS_HOST_DEVICE float16_t to_float16(float f) {
 template <class T>
 FS_HOST_DEVICE T from_float(float x);
 template <>
-FS_HOST_DEVICE float from_float<float>(float x) { return x; }
+FS_HOST_DEVICE float from_float<float>(float x) {
+  return x;
+}
 template <>
-FS_HOST_DEVICE bfloat16_t from_float<bfloat16_t>(float x) { return to_bfloat16(x); }
+FS_HOST_DEVICE bfloat16_t from_float<bfloat16_t>(float x) {
+  return to_bfloat16(x);
+}
 template <>
-FS_HOST_DEVICE float16_t from_float<float16_t>(float x) { return to_float16(x); }
+FS_HOST_DEVICE float16_t from_float<float16_t>(float x) {
+  return to_float16(x);
+}
 
 constexpr float kNegInf = -INFINITY;
 
@@ -135,22 +145,22 @@ FS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; 
 // ops, so a status tensor reads the same whichever op wrote it.
 enum class Status : int32_t {
   kOk = 0,
-  kBadCuNumDraft = 1,     // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
-  kSpecTooLong = 2,       // verify: a request has more than max_spec_len draft tokens
-  kDraftTokenRange = 3,   // verify: a draft token outside [0, V)
-  kCandidateRange = 4,    // verify: a sparse q id outside [0, V)
-  kBadTemperature = 5,    // verify, path_select, markov_step: NaN, infinite or negative temperature
-  kDraftNotListed = 6,    // verify: sparse q whose candidates do not list the draft token
-  kNonFiniteLogit = 7,    // verify: NaN or +inf in a logit row the walk reads
-  kNoFiniteLogit = 8,     // verify: a logit row the walk reads is all -inf
-  kBadDraftProb = 9,      // verify: a draft probability read is NaN or outside [0, 1]
-  kSlotRange = 10,        // inject_context_kv: a cache row outside [0, B)
-  kPositionRange = 11,    // inject_context_kv: a position outside [0, S_max)
-  kRopeRange = 12,        // inject_context_kv: a position beyond the cos/sin cache
-  kCtxLenRange = 13,      // block_diffusion_attention: a context length outside [0, S_max]
-  kBadCuBlocks = 14,      // two_tap_conv: cu_blocks not starting at 0, decreasing, or not ending at N
-  kPathTokenRange = 15,   // path_select: a candidate or anchor id outside [0, V)
-  kPrevTokenRange = 16,   // markov_step: a previous token outside [0, V)
+  kBadCuNumDraft = 1,    // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
+  kSpecTooLong = 2,      // verify: a request has more than max_spec_len draft tokens
+  kDraftTokenRange = 3,  // verify: a draft token outside [0, V)
+  kCandidateRange = 4,   // verify: a sparse q id outside [0, V)
+  kBadTemperature = 5,   // verify, path_select, markov_step: NaN, infinite or negative temperature
+  kDraftNotListed = 6,   // verify: sparse q whose candidates do not list the draft token
+  kNonFiniteLogit = 7,   // verify: NaN or +inf in a logit row the walk reads
+  kNoFiniteLogit = 8,    // verify: a logit row the walk reads is all -inf
+  kBadDraftProb = 9,     // verify: a draft probability read is NaN or outside [0, 1]
+  kSlotRange = 10,       // inject_context_kv: a cache row outside [0, B)
+  kPositionRange = 11,   // inject_context_kv: a position outside [0, S_max)
+  kRopeRange = 12,       // inject_context_kv: a position beyond the cos/sin cache
+  kCtxLenRange = 13,     // block_diffusion_attention: a context length outside [0, S_max]
+  kBadCuBlocks = 14,     // two_tap_conv: cu_blocks not starting at 0, decreasing, or not ending at N
+  kPathTokenRange = 15,  // path_select: a candidate or anchor id outside [0, V)
+  kPrevTokenRange = 16,  // markov_step: a previous token outside [0, V)
 };
 
 FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {

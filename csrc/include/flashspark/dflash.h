@@ -16,19 +16,19 @@ namespace flashspark {
 
 template <class T>
 struct InjectParams {
-  const T* k = nullptr;            // [N, Hkv, D], token stride k_stride, head stride D
+  const T* k = nullptr;  // [N, Hkv, D], token stride k_stride, head stride D
   const T* v = nullptr;
   int64_t k_stride = 0, v_stride = 0;
-  const int64_t* positions = nullptr;  // [N]
-  const int32_t* slots = nullptr;      // [N]
+  const int64_t* positions = nullptr;    // [N]
+  const int32_t* slots = nullptr;        // [N]
   const float* k_norm_weight = nullptr;  // [D]
   const float* cos_sin = nullptr;        // [max_pos, D]: cos | sin
   float eps = 1e-6f;
-  T* k_cache = nullptr;            // [B, Hkv, S, D] with strides below, D contiguous
+  T* k_cache = nullptr;  // [B, Hkv, S, D] with strides below, D contiguous
   T* v_cache = nullptr;
   int64_t cache_stride_b = 0, cache_stride_h = 0, cache_stride_s = 0;
   int64_t v_cache_stride_b = 0, v_cache_stride_h = 0, v_cache_stride_s = 0;
-  int32_t* status = nullptr;       // [N] Status codes, or null: a failed token writes nothing
+  int32_t* status = nullptr;  // [N] Status codes, or null: a failed token writes nothing
   int32_t num_tokens = 0, num_kv_heads = 0, head_dim = 0, max_pos = 0, batch = 0, max_len = 0;
 };
 
@@ -64,7 +64,8 @@ FS_HOST_DEVICE InjectRow<T> inject_row(const InjectParams<T>& p, int32_t i, int3
 // Writes K (normalized by `inv`, weighted, rotated) and V for the pairs
 // j = j0, j0 + step, ... < D/2 (and the V entries at the same strides).
 template <class T>
-FS_HOST_DEVICE void inject_write(const InjectParams<T>& p, const InjectRow<T>& row, float inv, int32_t j0, int32_t step) {
+FS_HOST_DEVICE void inject_write(const InjectParams<T>& p, const InjectRow<T>& row, float inv, int32_t j0,
+                                 int32_t step) {
   const int32_t D = p.head_dim, half = D / 2;
   for (int32_t j = j0; j < half; j += step) {
     const float x1 = to_float(row.k[j]) * inv * p.k_norm_weight[j];
@@ -80,18 +81,18 @@ FS_HOST_DEVICE void inject_write(const InjectParams<T>& p, const InjectRow<T>& r
 
 template <class T>
 struct BlockAttnParams {
-  const T* q = nullptr;          // [B, G, Hq, D]: strides q_stride_b, q_stride_g, q_stride_h
+  const T* q = nullptr;  // [B, G, Hq, D]: strides q_stride_b, q_stride_g, q_stride_h
   int64_t q_stride_b = 0, q_stride_g = 0, q_stride_h = 0;
-  const T* k_cache = nullptr;    // [B, Hkv, S, D]
+  const T* k_cache = nullptr;  // [B, Hkv, S, D]
   const T* v_cache = nullptr;
   int64_t kc_stride_b = 0, kc_stride_h = 0, kc_stride_s = 0;
   int64_t vc_stride_b = 0, vc_stride_h = 0, vc_stride_s = 0;
   const int32_t* ctx_lens = nullptr;  // [B]
-  const T* k_block = nullptr;    // [B, G, Hkv, D]
+  const T* k_block = nullptr;         // [B, G, Hkv, D]
   const T* v_block = nullptr;
   int64_t kb_stride_b = 0, kb_stride_g = 0, kb_stride_h = 0;
   int64_t vb_stride_b = 0, vb_stride_g = 0, vb_stride_h = 0;
-  T* out = nullptr;              // [B, G, Hq, D] contiguous
+  T* out = nullptr;  // [B, G, Hq, D] contiguous
   float scale = 1.f;
   int32_t batch = 0, gamma = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0, max_len = 0;
   int32_t split_keys = 256;      // keys per split
@@ -146,8 +147,8 @@ FS_HOST_DEVICE int64_t block_attn_partial_index(const BlockAttnParams<T>& p, int
 // Merge the per-split partials of one query row into its output: the partials
 // are online-softmax states (m, l) with unnormalized accumulators.
 template <class T>
-FS_HOST_DEVICE void block_attn_combine_row(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t r, int32_t d_begin,
-                                           int32_t d_step) {
+FS_HOST_DEVICE void block_attn_combine_row(const BlockAttnParams<T>& p, int32_t b, int32_t h, int32_t r,
+                                           int32_t d_begin, int32_t d_step) {
   const int64_t base = block_attn_partial_index(p, b, h, r, 0);
   float m = kNegInf;
   for (int32_t s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.partial_ml[2 * (base + s)]);

@@ -24,24 +24,24 @@ constexpr int32_t kConvGroup = 16;  // channels sharing one dynamic tap
 
 template <class T>
 struct TwoTapParams {
-  const T* x = nullptr;         // [N, C] rows of stride x_stride
+  const T* x = nullptr;  // [N, C] rows of stride x_stride
   int64_t x_stride = 0;
-  const T* base = nullptr;      // [2, C] contiguous
-  const T* delta = nullptr;     // [N, 2, G] contiguous, G = ceil(C / 16); or null with delta_weight
+  const T* base = nullptr;          // [2, C] contiguous
+  const T* delta = nullptr;         // [N, 2, G] contiguous, G = ceil(C / 16); or null with delta_weight
   const T* delta_weight = nullptr;  // [2G, C] contiguous: delta computed in the op into delta_ws
   float* delta_ws = nullptr;        // [N, 2G] fp32 taps computed from delta_weight (CUDA: between its two kernels)
-  const T* residual = nullptr;  // [N, C] rows of stride res_stride, or null
+  const T* residual = nullptr;      // [N, C] rows of stride res_stride, or null
   int64_t res_stride = 0;
   const T* norm_weight = nullptr;  // [C]: RMSNorm x first (or null)
   float norm_eps = 0.f;
-  float* row_scale_ws = nullptr;   // [N] rms_inv of each row of x (CUDA: computed before the other kernels)
-  T* out = nullptr;             // [N, C] contiguous
+  float* row_scale_ws = nullptr;       // [N] rms_inv of each row of x (CUDA: computed before the other kernels)
+  T* out = nullptr;                    // [N, C] contiguous
   const int32_t* cu_blocks = nullptr;  // [num_blocks + 1] row offsets, or null: blocks of block_size rows
   int32_t num_blocks = 0;
   int32_t block_size = 0;
   int64_t rows = 0;
   int32_t channels = 0;
-  int32_t* status = nullptr;    // [1] Status of the call (CUDA: always given with cu_blocks), or null
+  int32_t* status = nullptr;  // [1] Status of the call (CUDA: always given with cu_blocks), or null
 
   FS_HOST_DEVICE int32_t groups() const { return int32_t(ceil_div(channels, kConvGroup)); }
 };
@@ -92,8 +92,10 @@ FS_HOST_DEVICE int64_t conv_block_first_row(const int32_t* cu_blocks, int32_t nu
   int32_t lo = 0, hi = num_blocks;  // invariant: cu[lo] <= t < cu[hi]
   while (hi - lo > 1) {
     const int32_t mid = (lo + hi) / 2;
-    if (cu_blocks[mid] <= t) lo = mid;
-    else hi = mid;
+    if (cu_blocks[mid] <= t)
+      lo = mid;
+    else
+      hi = mid;
   }
   return cu_blocks[lo];
 }
@@ -212,22 +214,22 @@ struct PathParams {
   const T* g = nullptr;               // [R, P, r] = W_h h_t, or null with hidden and g_weight:
   const T* hidden = nullptr;          // [R, P, D] draft states, strides hidden_stride_r / _p (elements)
   int64_t hidden_stride_r = 0, hidden_stride_p = 0;
-  const T* g_weight = nullptr;        // [r, D] W_h: g computed in the op into g_ws
-  float* g_ws = nullptr;              // [R, P, r] fp32 g from hidden (CUDA: before the path kernel)
+  const T* g_weight = nullptr;  // [r, D] W_h: g computed in the op into g_ws
+  float* g_ws = nullptr;        // [R, P, r] fp32 g from hidden (CUDA: before the path kernel)
   int32_t hidden_dim = 0;
-  const int32_t* anchor = nullptr;    // [R]
-  const float* temperature = nullptr; // [R] (sample mode)
-  const int64_t* seeds = nullptr;     // [R]
-  const int64_t* offsets = nullptr;   // [R]
+  const int32_t* anchor = nullptr;     // [R]
+  const float* temperature = nullptr;  // [R] (sample mode)
+  const int64_t* seeds = nullptr;      // [R]
+  const int64_t* offsets = nullptr;    // [R]
   PathMode mode = PathMode::kBacktrack;
-  int32_t* out_tokens = nullptr;      // [R, P]
-  int32_t* out_choice = nullptr;      // [R, P] index into the K candidates
-  float* out_scores = nullptr;        // [R, P, K]: S_t(chosen predecessor, .)
-  float* out_q = nullptr;             // [R, P, K]: probability of each candidate given the chosen predecessor
-  int32_t* status = nullptr;          // [R] Status codes, or null
-  float* lattice = nullptr;           // workspace [R, P, K, K]: S_t(a, b) (greedy/sample fill row a = 0)
-  float* best = nullptr;              // workspace [R, P, K] (backtrack)
-  int32_t* backptr = nullptr;         // workspace [R, P, K] (backtrack)
+  int32_t* out_tokens = nullptr;  // [R, P]
+  int32_t* out_choice = nullptr;  // [R, P] index into the K candidates
+  float* out_scores = nullptr;    // [R, P, K]: S_t(chosen predecessor, .)
+  float* out_q = nullptr;         // [R, P, K]: probability of each candidate given the chosen predecessor
+  int32_t* status = nullptr;      // [R] Status codes, or null
+  float* lattice = nullptr;       // workspace [R, P, K, K]: S_t(a, b) (greedy/sample fill row a = 0)
+  float* best = nullptr;          // workspace [R, P, K] (backtrack)
+  int32_t* backptr = nullptr;     // workspace [R, P, K] (backtrack)
   int32_t requests = 0, positions = 0, k = 0, rank = 0, vocab = 0;
 };
 
@@ -351,7 +353,8 @@ FS_HOST_DEVICE void path_request(const PathParams<T>& p, int32_t r, Backend& be)
       for (int32_t t = 1; t < P; ++t)
         for (int32_t b = 0; b < K; ++b) {
           ArgMax am = argmax_identity();
-          for (int32_t a = 0; a < K; ++a) argmax_add(am, best[(t - 1) * K + a] + lattice[(int64_t(t) * K + a) * K + b], a);
+          for (int32_t a = 0; a < K; ++a)
+            argmax_add(am, best[(t - 1) * K + a] + lattice[(int64_t(t) * K + a) * K + b], a);
           best[t * K + b] = am.i < 0 ? kNegInf : drafter_logit(am.v);  // sums past FLT_MAX stay finite
           bp[t * K + b] = am.i < 0 ? 0 : am.i;
         }

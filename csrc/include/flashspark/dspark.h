@@ -24,23 +24,23 @@ struct MarkovParams {
   const T* base_logits = nullptr;  // U [B, V], rows of stride u_stride
   int64_t u_stride = 0;
   const int32_t* prev_tokens = nullptr;  // [B]
-  const T* w1 = nullptr;          // [V, r]
-  const T* w2 = nullptr;          // [V, r]
-  const T* bias = nullptr;        // [V] or null
-  const T* hidden = nullptr;      // h [B, H], rows of stride h_stride
+  const T* w1 = nullptr;                 // [V, r]
+  const T* w2 = nullptr;                 // [V, r]
+  const T* bias = nullptr;               // [V] or null
+  const T* hidden = nullptr;             // h [B, H], rows of stride h_stride
   int64_t h_stride = 0;
-  const T* conf_w = nullptr;      // [H + r]
-  const float* conf_b = nullptr;  // [1]
+  const T* conf_w = nullptr;           // [H + r]
+  const float* conf_b = nullptr;       // [1]
   const float* temperature = nullptr;  // [B]
   const int64_t* seeds = nullptr;      // [B]
   const int64_t* positions = nullptr;  // [B] Philox position of this draw
-  int32_t* out_tokens = nullptr;  // [B]; -1 for a failed request
-  float* out_q = nullptr;         // [B, V]: first the logits (as drafter_logit reads them), then q
-  float* out_conf = nullptr;      // [B]
-  int32_t* status = nullptr;      // [B] Status codes, or null
-  float* partial = nullptr;       // workspace [num_partials, B, kMarkovSlot]
+  int32_t* out_tokens = nullptr;       // [B]; -1 for a failed request
+  float* out_q = nullptr;              // [B, V]: first the logits (as drafter_logit reads them), then q
+  float* out_conf = nullptr;           // [B]
+  int32_t* status = nullptr;           // [B] Status codes, or null
+  float* partial = nullptr;            // workspace [num_partials, B, kMarkovSlot]
   int32_t num_partials = 0;
-  float* row_stats = nullptr;     // workspace [B, kMarkovRowStats]: how q is normalized
+  float* row_stats = nullptr;  // workspace [B, kMarkovRowStats]: how q is normalized
   int32_t batch = 0, vocab = 0, rank = 0, hidden_size = 0;
 };
 
@@ -103,11 +103,10 @@ FS_HOST_DEVICE void markov_add(const MarkovParams<T>& p, int32_t b, const Markov
                                int32_t v, float z) {
   if (z == kNegInf) return;
   softmax_add(part.softmax, z, sc.inv_t);
-  const double key =
-      sc.greedy ? double(z)
-                : double(z) * sc.inv_t64 +
-                      double(gumbel_from_u32(philox_u32(uint64_t(p.seeds[b]), uint64_t(p.positions[b]), kPurposeDraft,
-                                                        uint32_t(v))));
+  const double key = sc.greedy ? double(z)
+                               : double(z) * sc.inv_t64 +
+                                     double(gumbel_from_u32(philox_u32(uint64_t(p.seeds[b]), uint64_t(p.positions[b]),
+                                                                       kPurposeDraft, uint32_t(v))));
   argmax_add(part.race, key, v);
 }
 

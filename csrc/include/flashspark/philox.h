@@ -16,7 +16,9 @@
 
 namespace flashspark {
 
-struct U32x4 { uint32_t x, y, z, w; };
+struct U32x4 {
+  uint32_t x, y, z, w;
+};
 
 // Purposes: one per kind of draw, so no two kinds ever share a number.
 enum Purpose : uint32_t {
@@ -56,13 +58,11 @@ FS_HOST_DEVICE U32x4 philox4x32_10(U32x4 ctr, uint32_t k0, uint32_t k1) {
 
 // Four 32-bit draws for (seed, position, purpose, block of four indices).
 FS_HOST_DEVICE U32x4 philox_block(uint64_t seed, uint64_t position, uint32_t purpose, uint32_t block) {
-  return philox4x32_10(U32x4{block, uint32_t(position), uint32_t(position >> 32), purpose},
-                       uint32_t(seed), uint32_t(seed >> 32));
+  return philox4x32_10(U32x4{block, uint32_t(position), uint32_t(position >> 32), purpose}, uint32_t(seed),
+                       uint32_t(seed >> 32));
 }
 
-FS_HOST_DEVICE uint32_t lane(const U32x4& r, uint32_t i) {
-  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
-}
+FS_HOST_DEVICE uint32_t lane(const U32x4& r, uint32_t i) { return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w; }
 
 // One 32-bit draw for element `index`: lane index%4 of block index/4.
 FS_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t position, uint32_t purpose, uint32_t index) {
@@ -72,15 +72,11 @@ FS_HOST_DEVICE uint32_t philox_u32(uint64_t seed, uint64_t position, uint32_t pu
 // Uniform in the open interval (0, 1): (2*(x >> 9) + 1) * 2^-24. Every value
 // is exact in fp32, so every implementation converts a draw identically, and
 // neither 0 nor 1 can occur (log(u) and log(-log(u)) stay finite).
-FS_HOST_DEVICE float uniform_open01(uint32_t x) {
-  return float(((x >> 9) << 1) | 1u) * 5.9604644775390625e-08f;
-}
+FS_HOST_DEVICE float uniform_open01(uint32_t x) { return float(((x >> 9) << 1) | 1u) * 5.9604644775390625e-08f; }
 
 // Gumbel noise -log(-log(u)). Adding it to log-weights turns argmax into an
 // exponential race: argmax_x log r(x) + g_x samples from norm(r) without the
 // normalizer.
-FS_HOST_DEVICE float gumbel_from_u32(uint32_t x) {
-  return -logf(-logf(uniform_open01(x)));
-}
+FS_HOST_DEVICE float gumbel_from_u32(uint32_t x) { return -logf(-logf(uniform_open01(x))); }
 
 }  // namespace flashspark

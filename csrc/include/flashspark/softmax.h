@@ -43,9 +43,7 @@ FS_HOST_DEVICE SoftmaxState softmax_merge(const SoftmaxState& a, const SoftmaxSt
 }
 
 // A finite maximum and a sum that holds it (s >= 1): no NaN, no +inf, not all -inf.
-FS_HOST_DEVICE bool softmax_valid(const SoftmaxState& st) {
-  return st.m > kNegInf && st.m < kPosInf && st.s >= 1.f;
-}
+FS_HOST_DEVICE bool softmax_valid(const SoftmaxState& st) { return st.m > kNegInf && st.m < kPosInf && st.s >= 1.f; }
 
 // log sum exp of the reduced values (inv_t = 1).
 FS_HOST_DEVICE float softmax_lse(const SoftmaxState& st) { return st.m + logf(st.s); }

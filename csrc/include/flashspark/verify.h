@@ -36,16 +36,16 @@ struct VerifyParams {
   const int32_t* draft_tokens = nullptr;
   const int32_t* cu_num_draft = nullptr;
   DraftQ q_mode = DraftQ::kOneHot;
-  const float* q_probs = nullptr;     // dense [T, V] or sparse [T, K]
+  const float* q_probs = nullptr;  // dense [T, V] or sparse [T, K]
   int64_t q_row_stride = 0;
-  const int32_t* q_ids = nullptr;     // sparse only: [T, K], row stride = num_candidates
-  int32_t num_candidates = 0;         // K
-  const float* temperature = nullptr; // [B]; below kGreedyTemperature = greedy
-  const int64_t* seeds = nullptr;     // [B]
-  const int64_t* offsets = nullptr;   // [B]
-  int32_t* out_tokens = nullptr;      // [B, max_spec_len + 1]
-  int32_t* out_num_accepted = nullptr;// [B]; -1 for a failed request (it emits nothing)
-  int32_t* status = nullptr;          // [B] Status codes, or null
+  const int32_t* q_ids = nullptr;       // sparse only: [T, K], row stride = num_candidates
+  int32_t num_candidates = 0;           // K
+  const float* temperature = nullptr;   // [B]; below kGreedyTemperature = greedy
+  const int64_t* seeds = nullptr;       // [B]
+  const int64_t* offsets = nullptr;     // [B]
+  int32_t* out_tokens = nullptr;        // [B, max_spec_len + 1]
+  int32_t* out_num_accepted = nullptr;  // [B]; -1 for a failed request (it emits nothing)
+  int32_t* status = nullptr;            // [B] Status codes, or null
   int32_t batch = 0;
   int32_t vocab = 0;
   int32_t max_spec_len = 0;
@@ -147,9 +147,9 @@ struct RaceMergeOp {
 // What a race subtracts from p: nothing (bonus row), a dense q row, or a
 // short list (sparse q, or the one-hot draft).
 struct RaceQ {
-  DraftQ mode;          // kOneHot with k == 0 means "no subtraction" (bonus)
-  const float* dense;   // dense row, when mode == kDense
-  const int32_t* ids;   // listed ids, when mode != kDense
+  DraftQ mode;         // kOneHot with k == 0 means "no subtraction" (bonus)
+  const float* dense;  // dense row, when mode == kDense
+  const int32_t* ids;  // listed ids, when mode != kDense
   const float* probs;
   int32_t k;
 };

@@ -67,7 +67,7 @@ class DFlashConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     vocab_size: int = 4096
-    block_size: int = 8                      # gamma
+    block_size: int = 8  # gamma
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     mask_token_id: int = 1
     torch_dtype: str = "bfloat16"
@@ -83,21 +83,39 @@ class DFlashConfig:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
     @classmethod
-    def for_target(cls, target: Qwen3Config, num_hidden_layers: int = 2, block_size: int = 8,
-                   mask_token_id: int = 1, num_features: int = 5, **kw) -> "DFlashConfig":
+    def for_target(
+        cls,
+        target: Qwen3Config,
+        num_hidden_layers: int = 2,
+        block_size: int = 8,
+        mask_token_id: int = 1,
+        num_features: int = 5,
+        **kw,
+    ) -> "DFlashConfig":
         """A drafter with the target's widths and feature layers."""
-        return cls(hidden_size=target.hidden_size, intermediate_size=target.intermediate_size,
-                   num_hidden_layers=num_hidden_layers, num_attention_heads=target.num_attention_heads,
-                   num_key_value_heads=target.num_key_value_heads, head_dim=target.head_dim,
-                   rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-                   max_position_embeddings=target.max_position_embeddings, vocab_size=target.vocab_size,
-                   block_size=block_size, mask_token_id=mask_token_id,
-                   target_layer_ids=target_layer_ids(target.num_hidden_layers, num_features), **kw)
+        return cls(
+            hidden_size=target.hidden_size,
+            intermediate_size=target.intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            max_position_embeddings=target.max_position_embeddings,
+            vocab_size=target.vocab_size,
+            block_size=block_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=target_layer_ids(target.num_hidden_layers, num_features),
+            **kw,
+        )
 
     def qwen3(self) -> Qwen3Config:
         """The Qwen3 layer shape of the drafter's decoder layers."""
         names = {f.name for f in dataclasses.fields(Qwen3Config)}
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k in names and k not in ("architectures", "model_type")}
+        d = {
+            k: v for k, v in dataclasses.asdict(self).items() if k in names and k not in ("architectures", "model_type")
+        }
         return Qwen3Config(**d)
 
     def save(self, path: str | Path) -> None:
@@ -124,6 +142,7 @@ class DFlashConfig:
 class DFlashCache(NamedTuple):
     """Context K/V of every drafter layer: [num_layers, batch, Hkv, max_len, head_dim],
     the layout of the target's KVCache (one layer is a [B, Hkv, S_max, D] slice)."""
+
     k: torch.Tensor
     v: torch.Tensor
 
@@ -162,8 +181,13 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList([DFlashDecoderLayer(qcfg) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(D, config.rms_norm_eps)
         self.use_ops = use_ops
-        self.register_buffer("cos_sin", reference.rope_cos_sin_cache(
-            config.max_position_embeddings + 2 * config.block_size, config.head_dim, config.rope_theta), persistent=False)
+        self.register_buffer(
+            "cos_sin",
+            reference.rope_cos_sin_cache(
+                config.max_position_embeddings + 2 * config.block_size, config.head_dim, config.rope_theta
+            ),
+            persistent=False,
+        )
         self._rope = None  # cos, sin tables expanded for apply_rope, built on first use
         self._shared: dict[str, torch.Tensor] = {}  # the target's embedding / LM head (attach); never saved
         # Inference may run the LM head in another dtype (`head_dtype`); its weight copy is cached here.
@@ -179,10 +203,14 @@ class DFlashDrafter(nn.Module):
     def attach(self, target: Qwen3ForCausalLM) -> "DFlashDrafter":
         """Share the target's (frozen) embedding and LM head."""
         c, t = self.config, target.config
-        if (t.hidden_size, t.vocab_size) != (c.hidden_size, c.vocab_size) or max(c.target_layer_ids) >= t.num_hidden_layers:
-            raise ValueError(f"drafter (hidden {c.hidden_size}, vocab {c.vocab_size}, layers {c.target_layer_ids}) "
-                             f"does not fit the target (hidden {t.hidden_size}, vocab {t.vocab_size}, "
-                             f"{t.num_hidden_layers} layers)")
+        if (t.hidden_size, t.vocab_size) != (c.hidden_size, c.vocab_size) or max(
+            c.target_layer_ids
+        ) >= t.num_hidden_layers:
+            raise ValueError(
+                f"drafter (hidden {c.hidden_size}, vocab {c.vocab_size}, layers {c.target_layer_ids}) "
+                f"does not fit the target (hidden {t.hidden_size}, vocab {t.vocab_size}, "
+                f"{t.num_hidden_layers} layers)"
+            )
         self._shared = {"embed": target.model.embed_tokens.weight, "head": target.lm_head.weight}
         return self
 
@@ -217,8 +245,10 @@ class DFlashDrafter(nn.Module):
         if self._rope is None or self._rope[0].dtype != dtype or self._rope[0].device != positions.device:
             half = self.config.head_dim // 2
             cos, sin = self.cos_sin[:, :half], self.cos_sin[:, half:]
-            self._rope = (torch.cat((cos, cos), -1).to(dtype).unsqueeze(-2),
-                          torch.cat((sin, sin), -1).to(dtype).unsqueeze(-2))
+            self._rope = (
+                torch.cat((cos, cos), -1).to(dtype).unsqueeze(-2),
+                torch.cat((sin, sin), -1).to(dtype).unsqueeze(-2),
+            )
         return self._rope[0][positions], self._rope[1][positions]
 
     def _block_embeddings(self, anchor: torch.Tensor) -> torch.Tensor:
@@ -246,8 +276,9 @@ class DFlashDrafter(nn.Module):
         return F.linear(flat, self._head_copy[1]).float().view(*hidden.shape[:-1], -1)
 
     # ------------------------------------------------------------ training form
-    def forward(self, target_hidden: torch.Tensor, block_tokens: torch.Tensor, block_positions: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, target_hidden: torch.Tensor, block_tokens: torch.Tensor, block_positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Plain PyTorch form: final-normed block states [B, Q, D].
 
         target_hidden [B, S, n_feat, D]: target features of context positions 0..S-1;
@@ -267,8 +298,9 @@ class DFlashDrafter(nn.Module):
             kc = apply_rope(attn.k_norm(kc), ctx_cos, ctx_sin)
             k = torch.cat((kc, kb), 1).transpose(1, 2)
             v = torch.cat((vc, vb), 1).transpose(1, 2)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=attn_mask,
-                                                 enable_gqa=attn.num_heads != attn.num_kv_heads)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k, v, attn_mask=attn_mask, enable_gqa=attn.num_heads != attn.num_kv_heads
+            )
             x = self.add_sublayer(x, attn.o_proj, out.transpose(1, 2).flatten(2))
             x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -279,10 +311,13 @@ class DFlashDrafter(nn.Module):
         dtype = dtype or self.fc.weight.dtype
         device = device or self.fc.weight.device
         shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
-        return DFlashCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        return DFlashCache(
+            torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+        )
 
-    def inject(self, cache: DFlashCache, target_hidden: torch.Tensor, positions: torch.Tensor,
-               slots: torch.Tensor) -> None:
+    def inject(
+        self, cache: DFlashCache, target_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+    ) -> None:
         """Write the context K/V of N committed tokens into every layer's cache.
 
         target_hidden [N, n_feat, D]; positions [N] absolute positions (= cache
@@ -296,8 +331,9 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             k, v = attn.project_context(h)
             if self.use_ops:
-                inject_context_kv(k, v, positions, slots, attn.k_norm.weight.float(), self.cos_sin, eps,
-                                  cache.k[i], cache.v[i])
+                inject_context_kv(
+                    k, v, positions, slots, attn.k_norm.weight.float(), self.cos_sin, eps, cache.k[i], cache.v[i]
+                )
             else:
                 cos, sin = self._cos_sin(positions, k.dtype)
                 k = apply_rope(attn.k_norm(k), cos, sin)
@@ -314,7 +350,7 @@ class DFlashDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
-            out = attend(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim ** -0.5)
+            out = attend(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim**-0.5)
             x = self.add_sublayer(x, attn.o_proj, out.flatten(2))
             x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
         return self.norm(x)
@@ -341,9 +377,14 @@ def block_attention_sdpa(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale)
     v = torch.cat((v_cache[:, :, :n], v_block.transpose(1, 2)), 2)
     keep = torch.arange(n + G, device=q.device)[None] < ctx_lens.to(torch.int64)[:, None]
     keep[:, n:] = True
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype),
-                                         attn_mask=keep[:, None, None], scale=scale,
-                                         enable_gqa=Hq != k_block.shape[2])
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.to(q.dtype),
+        v.to(q.dtype),
+        attn_mask=keep[:, None, None],
+        scale=scale,
+        enable_gqa=Hq != k_block.shape[2],
+    )
     return out.transpose(1, 2)
 
 
@@ -354,7 +395,10 @@ def block_mask(anchors: torch.Tensor, context_len: int, block_size: int) -> torc
     B, nb = anchors.shape
     Q = nb * block_size
     block_of = torch.arange(Q, device=anchors.device) // block_size
-    ctx = torch.arange(context_len, device=anchors.device)[None, None] < anchors.repeat_interleave(block_size, 1)[..., None]
+    ctx = (
+        torch.arange(context_len, device=anchors.device)[None, None]
+        < anchors.repeat_interleave(block_size, 1)[..., None]
+    )
     own = (block_of[:, None] == block_of[None, :])[None].expand(B, Q, Q)
     return torch.cat((ctx, own), -1)
 
@@ -381,8 +425,7 @@ def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = t
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
-def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None,
-                 use_ops: bool = True):
+def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None, use_ops: bool = True):
     """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory,
     attached to `target` (dtype and device follow the target by default)."""
     from safetensors.torch import load_file
@@ -410,7 +453,8 @@ def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config
     return drafter.attach(target).eval()
 
 
-def load_dflash(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
-                use_ops: bool = True) -> DFlashDrafter:
+def load_dflash(
+    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+) -> DFlashDrafter:
     """DFlash drafter from a directory, attached to `target`."""
     return load_drafter(path, target, DFlashDrafter, DFlashConfig, dtype, use_ops)

@@ -50,8 +50,8 @@ _path_select = torch.ops.flashspark.path_select.default
 
 @dataclass
 class DFlash2Config(DFlashConfig):
-    selector_rank: int = 64        # r of the A/B factors (256 at full scale)
-    selector_topk: int = 16        # K candidates per block position (<= 16, the op's bound)
+    selector_rank: int = 64  # r of the A/B factors (256 at full scale)
+    selector_topk: int = 16  # K candidates per block position (<= 16, the op's bound)
     architectures: list[str] = field(default_factory=lambda: ["DFlash2DraftModel"])
     model_type: str = "dflash2"
 
@@ -59,7 +59,6 @@ class DFlash2Config(DFlashConfig):
         super().__post_init__()
         if not 1 <= self.selector_topk <= 16:
             raise ValueError(f"selector_topk must lie in [1, 16], got {self.selector_topk}")
-
 
 
 # ---------------------------------------------------------------------- two-tap conv
@@ -82,7 +81,9 @@ class TwoTapConv(nn.Module):
             self.base[0] = 1.0
             self.proj.weight.zero_()
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: RMSNorm | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: RMSNorm | None = None
+    ) -> torch.Tensor:
         """x [..., T, C] with T a multiple of block_size; optional residual added, and optional
         RMSNorm applied to x first (both fused in the op)."""
         # The op has no autograd: use it only when nothing needs a gradient. It computes δ from
@@ -158,23 +159,25 @@ class PathSelector(nn.Module):
             for p in (self.w_h.weight, self.a_emb, self.b_emb):
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
 
-    def pair_scores(self, unary: torch.Tensor, cand_ids: torch.Tensor, prev: torch.Tensor,
-                    g: torch.Tensor) -> torch.Tensor:
+    def pair_scores(
+        self, unary: torch.Tensor, cand_ids: torch.Tensor, prev: torch.Tensor, g: torch.Tensor
+    ) -> torch.Tensor:
         """Differentiable score rows ``S_t(prev, ·)`` [..., K] for one predecessor per row.
 
         unary [..., K] fp32; cand_ids [..., K]; prev [...] token ids; g [..., r].
         """
-        ag = F.embedding(prev, self.a_emb).float() * g.float()                  # [..., r]
+        ag = F.embedding(prev, self.a_emb).float() * g.float()  # [..., r]
         return unary + (F.embedding(cand_ids.long(), self.b_emb).float() * ag[..., None, :]).sum(-1)
 
 
 class PathSignals(NamedTuple):
     """Per draft position [B, γ - 1]: what a confidence proxy reads (DESIGN.md §1, the combination)."""
-    chosen_prob: torch.Tensor   # softmax(score row)[chosen] at T = 1
-    margin: torch.Tensor        # score of the chosen candidate minus the best other one (logit units)
-    unary_top1: torch.Tensor    # the backbone's top-1 probability at the position
-    entropy: torch.Tensor       # entropy (nats) of softmax(score row) over the K candidates
-    position: torch.Tensor      # block position k = 1 .. γ - 1 (int64)
+
+    chosen_prob: torch.Tensor  # softmax(score row)[chosen] at T = 1
+    margin: torch.Tensor  # score of the chosen candidate minus the best other one (logit units)
+    unary_top1: torch.Tensor  # the backbone's top-1 probability at the position
+    entropy: torch.Tensor  # entropy (nats) of softmax(score row) over the K candidates
+    position: torch.Tensor  # block position k = 1 .. γ - 1 (int64)
 
     def features(self) -> torch.Tensor:
         """[B, γ - 1, 4] float32: chosen_prob, margin, unary_top1, entropy (the order of
@@ -192,8 +195,9 @@ def path_signals(scores: torch.Tensor, choice: torch.Tensor, unary: torch.Tensor
     margin = chosen - others.max(-1).values if scores.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
     B, P = choice.shape[:2]
     position = torch.arange(1, P + 1, device=scores.device).expand(B, P)
-    return PathSignals(logp.gather(-1, choice)[..., 0].exp(), margin, unary[..., 0].exp(),
-                       -(logp.exp() * logp).sum(-1), position)
+    return PathSignals(
+        logp.gather(-1, choice)[..., 0].exp(), margin, unary[..., 0].exp(), -(logp.exp() * logp).sum(-1), position
+    )
 
 
 # ---------------------------------------------------------------------- drafter
@@ -263,9 +267,17 @@ class DFlash2Drafter(DFlashDrafter):
         return ids, values - lse[..., None], (self.selector.w_h(hidden) if with_g else None)
 
     @torch.no_grad()
-    def propose(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, mode: str = "backtrack",
-                temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-                offsets: torch.Tensor | None = None, signals: bool = True):
+    def propose(
+        self,
+        cache: DFlashCache,
+        anchor: torch.Tensor,
+        ctx_lens: torch.Tensor,
+        mode: str = "backtrack",
+        temperature: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+        signals: bool = True,
+    ):
         """Draft a block: (drafts [B, γ-1] int64, cand_ids [B, γ-1, K] int32,
         q [B, γ-1, K] fp32 in sample mode (sparse q for `verify` with cand_ids) else None,
         PathSignals, or None when `signals` is False: they cost a few small ops per step
@@ -287,13 +299,24 @@ class DFlash2Drafter(DFlashDrafter):
             temperature, seeds, offsets = ops.path_sampling_defaults(cand_ids, temperature, seeds, offsets)
         # g = W_h h inside the op (one op fewer per draft).
         select = _path_select if self.use_ops else reference.path_select_reference
-        tokens, choice, scores, q = select(cand_ids, unary, a_emb, b_emb, None, anchor, mode, temperature, seeds, offsets,
-                                           hidden, w_h)
-        return (tokens.long(), cand_ids, (q if mode == "sample" else None),
-                path_signals(scores, choice, unary) if signals else None)
+        tokens, choice, scores, q = select(
+            cand_ids, unary, a_emb, b_emb, None, anchor, mode, temperature, seeds, offsets, hidden, w_h
+        )
+        return (
+            tokens.long(),
+            cand_ids,
+            (q if mode == "sample" else None),
+            path_signals(scores, choice, unary) if signals else None,
+        )
 
-    def selector_loss(self, hidden: torch.Tensor, logits: torch.Tensor, prev: torch.Tensor, labels: torch.Tensor,
-                      weights: torch.Tensor | None = None):
+    def selector_loss(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        prev: torch.Tensor,
+        labels: torch.Tensor,
+        weights: torch.Tensor | None = None,
+    ):
         """Teacher-forced selector cross-entropy over the Top-K scores.
 
         hidden [..., D] final-normed draft states, logits [..., V] their backbone logits,
@@ -319,6 +342,7 @@ def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype =
     save_dflash(drafter, path, dtype)
 
 
-def load_dflash2(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
-                 use_ops: bool = True) -> DFlash2Drafter:
+def load_dflash2(
+    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+) -> DFlash2Drafter:
     return load_drafter(path, target, DFlash2Drafter, DFlash2Config, dtype, use_ops)

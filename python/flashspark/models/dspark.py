@@ -35,7 +35,7 @@ CALIBRATION_NAME = "calibration.json"
 
 @dataclass
 class DSparkConfig(DFlashConfig):
-    markov_rank: int = 64          # r of W1 / W2 (256 at full scale)
+    markov_rank: int = 64  # r of W1 / W2 (256 at full scale)
     architectures: list[str] = field(default_factory=lambda: ["DSparkDraftModel"])
     model_type: str = "dspark"
 
@@ -87,9 +87,15 @@ class DSparkDrafter(DFlashDrafter):
 
     # ------------------------------------------------------------ inference form
     @torch.no_grad()
-    def propose(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor,
-                temperature: torch.Tensor | None = None, seeds: torch.Tensor | None = None,
-                offsets: torch.Tensor | None = None):
+    def propose(
+        self,
+        cache: DFlashCache,
+        anchor: torch.Tensor,
+        ctx_lens: torch.Tensor,
+        temperature: torch.Tensor | None = None,
+        seeds: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ):
         """Draft a block: (drafts [B, γ-1] int64, q [B, γ-1, V] fp32 (dense q for `verify`;
         one-hot where temperature is 0), confidences [B, γ-1] fp32 after calibration).
 
@@ -104,16 +110,25 @@ class DSparkDrafter(DFlashDrafter):
         temperature = torch.zeros(B, device=dev) if temperature is None else temperature.float()
         seeds = torch.zeros(B, dtype=torch.int64, device=dev) if seeds is None else seeds.long()
         offsets = torch.zeros(B, dtype=torch.int64, device=dev) if offsets is None else offsets.long()
-        dt = base.dtype                                             # the op wants one dtype for all its weights
+        dt = base.dtype  # the op wants one dtype for all its weights
         w1, w2 = self.markov_w1.weight.to(dt), self.markov_w2.weight.to(dt)
         step = ops.markov_step if self.use_ops else _markov_step_reference
         prev = anchor
         drafts, qs, confs = [], [], []
         for k in range(self.block_size - 1):
             t = self.conf_temperature[k].to(dt)
-            tok, q, c = step(base[:, k].contiguous(), prev, w1, w2, hidden[:, k].to(dt).contiguous(),
-                             (self.conf_head.weight[0].to(dt) / t).contiguous(), (self.conf_head.bias.to(dt) / t),
-                             temperature=temperature, seeds=seeds, positions=offsets + k)
+            tok, q, c = step(
+                base[:, k].contiguous(),
+                prev,
+                w1,
+                w2,
+                hidden[:, k].to(dt).contiguous(),
+                (self.conf_head.weight[0].to(dt) / t).contiguous(),
+                (self.conf_head.bias.to(dt) / t),
+                temperature=temperature,
+                seeds=seeds,
+                positions=offsets + k,
+            )
             prev = tok.long()
             drafts.append(prev)
             qs.append(q)
@@ -140,11 +155,13 @@ class DSparkDrafter(DFlashDrafter):
         self.conf_temperature = t.to(self.conf_temperature.device)
 
 
-def _markov_step_reference(base_logits, prev_tokens, w1, w2, hidden, conf_w, conf_b, *, temperature, seeds,
-                           positions, bias=None):
+def _markov_step_reference(
+    base_logits, prev_tokens, w1, w2, hidden, conf_w, conf_b, *, temperature, seeds, positions, bias=None
+):
     """`reference.markov_step_reference` with `ops.markov_step`'s signature."""
-    return reference.markov_step_reference(base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b,
-                                           temperature, seeds, positions)
+    return reference.markov_step_reference(
+        base_logits, prev_tokens, w1, w2, bias, hidden, conf_w, conf_b, temperature, seeds, positions
+    )
 
 
 def markov_rollout(drafter: DSparkDrafter, hidden: torch.Tensor, base_logits: torch.Tensor, anchor: torch.Tensor):
@@ -164,8 +181,9 @@ def markov_rollout(drafter: DSparkDrafter, hidden: torch.Tensor, base_logits: to
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dspark(drafter: DSparkDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16,
-                calibration: dict | None = None) -> None:
+def save_dspark(
+    drafter: DSparkDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, calibration: dict | None = None
+) -> None:
     """config.json + model.safetensors, and calibration.json (temperatures and their report)."""
     save_dflash(drafter, path, dtype)
     cal = dict(calibration or {})
@@ -173,8 +191,9 @@ def save_dspark(drafter: DSparkDrafter, path: str | Path, dtype: torch.dtype = t
     (Path(path) / CALIBRATION_NAME).write_text(json.dumps(cal, indent=2, sort_keys=True) + "\n")
 
 
-def load_dspark(path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None,
-                use_ops: bool = True) -> DSparkDrafter:
+def load_dspark(
+    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+) -> DSparkDrafter:
     """Drafter from a directory, attached to `target`, with its calibration if present."""
     drafter = load_drafter(path, target, DSparkDrafter, DSparkConfig, dtype, use_ops)
     cal = Path(path) / CALIBRATION_NAME

@@ -67,8 +67,9 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 SHIPPED_TARGET = Path(__file__).resolve().parent.parent / "assets" / "target"
 
 
-def load_model(path: str | Path | None = None, dtype: torch.dtype | None = None,
-               device: str | torch.device | None = None) -> Qwen3ForCausalLM:
+def load_model(
+    path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None
+) -> Qwen3ForCausalLM:
     """Build a Qwen3ForCausalLM from a checkpoint directory (default: the
     shipped target). `dtype` defaults to the config's `torch_dtype`.
 

@@ -31,14 +31,15 @@ from .config import Qwen3Config
 
 
 class ModelOutput(NamedTuple):
-    logits: torch.Tensor              # [B, S, V] float32
-    hidden: torch.Tensor | None       # [B, S, len(hidden_layers), D] (decoder layer outputs)
-    last_hidden: torch.Tensor         # [B, S, D] after the final norm (input of lm_head)
+    logits: torch.Tensor  # [B, S, V] float32
+    hidden: torch.Tensor | None  # [B, S, len(hidden_layers), D] (decoder layer outputs)
+    last_hidden: torch.Tensor  # [B, S, D] after the final norm (input of lm_head)
 
 
 @dataclass
 class KVCache:
     """Static K/V storage: [num_layers, batch, num_kv_heads, max_len, head_dim]."""
+
     k: torch.Tensor
     v: torch.Tensor
 
@@ -64,8 +65,9 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """cos/sin of shape [B, 1, S, head_dim] for integer positions [B, S]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
-                                             dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.int64).float() / head_dim)
+    )
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
@@ -110,8 +112,8 @@ class Qwen3Attention(nn.Module):
                 k_rows, v_rows = k_rows[plan.rows], v_rows[plan.rows]
             k_cache[plan.b_idx, :, plan.pos_idx] = k_rows
             v_cache[plan.b_idx, :, plan.pos_idx] = v_rows
-            kk = k_cache[:, :, :plan.kv_len]
-            vv = v_cache[:, :, :plan.kv_len]
+            kk = k_cache[:, :, : plan.kv_len]
+            vv = v_cache[:, :, : plan.kv_len]
             # GQA without copying K/V: the G query heads of one KV head are
             # stacked along the query axis, and the mask repeats G times.
             G = H // Hkv
@@ -147,11 +149,12 @@ class Qwen3DecoderLayer(nn.Module):
 
 class _CachePlan(NamedTuple):
     """Per-forward indexing shared by all layers."""
-    rows: torch.Tensor | None   # flat [B*S] indices of tokens to write (None = all)
-    b_idx: torch.Tensor         # request of each written token
-    pos_idx: torch.Tensor       # cache position of each written token
-    kv_len: int                 # cache prefix read by attention
-    mask: torch.Tensor          # [B, 1, G*S, kv_len] bool, True = attend
+
+    rows: torch.Tensor | None  # flat [B*S] indices of tokens to write (None = all)
+    b_idx: torch.Tensor  # request of each written token
+    pos_idx: torch.Tensor  # cache position of each written token
+    kv_len: int  # cache prefix read by attention
+    mask: torch.Tensor  # [B, 1, G*S, kv_len] bool, True = attend
 
 
 class Qwen3Model(nn.Module):
@@ -162,16 +165,17 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-def _plan(cache: KVCache, cache_lens: torch.Tensor, num_new: torch.Tensor, S: int,
-          groups: int) -> tuple[_CachePlan, torch.Tensor]:
+def _plan(
+    cache: KVCache, cache_lens: torch.Tensor, num_new: torch.Tensor, S: int, groups: int
+) -> tuple[_CachePlan, torch.Tensor]:
     """Where the new tokens go and what each may attend to."""
     B, L = cache.batch_size, cache.max_len
     device = cache.k.device
     cache_lens = cache_lens.to(device=device, dtype=torch.int64)
     num_new = num_new.to(device=device, dtype=torch.int64)
     s = torch.arange(S, device=device)
-    positions = cache_lens[:, None] + s[None, :]                      # [B, S]
-    valid = s[None, :] < num_new[:, None]                             # [B, S]
+    positions = cache_lens[:, None] + s[None, :]  # [B, S]
+    valid = s[None, :] < num_new[:, None]  # [B, S]
     ends = (cache_lens + num_new).tolist()
     if max(ends) > L:
         raise ValueError(f"sequence of {max(ends)} tokens does not fit the KV cache of {L} positions")
@@ -191,7 +195,7 @@ def _plan(cache: KVCache, cache_lens: torch.Tensor, num_new: torch.Tensor, S: in
     j = torch.arange(kv_len, device=device)
     # Causal over absolute positions. A padded query may see stale slots;
     # its output is ignored, and position 0 keeps its row from being empty.
-    mask = j[None, None, :] <= positions[:, :, None]                   # [B, S, kv_len]
+    mask = j[None, None, :] <= positions[:, :, None]  # [B, S, kv_len]
     mask = mask[:, None, None].expand(B, 1, groups, S, kv_len).reshape(B, 1, groups * S, kv_len)
     return _CachePlan(rows, b_idx, pos_idx, kv_len, mask), positions.clamp(max=L - 1)
 
@@ -230,13 +234,17 @@ class Qwen3ForCausalLM(nn.Module):
         device = device or p.device
         c = self.config
         shape = (c.num_hidden_layers, batch_size, c.num_key_value_heads, max_len, c.head_dim)
-        return KVCache(torch.zeros(shape, dtype=dtype, device=device),
-                       torch.zeros(shape, dtype=dtype, device=device))
+        return KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
 
     # ---------------------------------------------------------------- forward
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
-                cache_lens: torch.Tensor | None = None, num_new: torch.Tensor | None = None,
-                hidden_layers: list[int] | None = None) -> ModelOutput:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        cache_lens: torch.Tensor | None = None,
+        num_new: torch.Tensor | None = None,
+        hidden_layers: list[int] | None = None,
+    ) -> ModelOutput:
         """See the module docstring. With `cache=None` this is a plain causal
         forward from position 0 (training and scoring)."""
         last, hidden = self.backbone(tokens, cache, cache_lens, num_new, hidden_layers)

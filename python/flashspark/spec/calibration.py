@@ -72,8 +72,9 @@ def auc(score: torch.Tensor, label: torch.Tensor) -> float:
     return float((pos_ranks - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def calibration_report(conf: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor,
-                       bins: int = 15) -> dict:
+def calibration_report(
+    conf: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor, bins: int = 15
+) -> dict:
     """ECE of the cumulative product, AUC of c_k, and the reliability curve,
     from confidences [N, K] and block outcomes [N]."""
     width = conf.shape[-1]
@@ -88,8 +89,7 @@ def calibration_report(conf: torch.Tensor, num_accepted: torch.Tensor, num_verif
         "ece_cumulative": expected_calibration_error(pred, true, bins),
         "auc": auc(conf[cond_seen], ok[cond_seen]),
         "observations": int(prefix_seen.sum()),
-        "reliability": {"mean_predicted": mean_pred.tolist(), "observed": mean_true.tolist(),
-                        "count": count.tolist()},
+        "reliability": {"mean_predicted": mean_pred.tolist(), "observed": mean_true.tolist(), "count": count.tolist()},
     }
 
 

@@ -92,8 +92,13 @@ def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
     return confidence.double().clamp(0.0, 1.0).cumprod(-1)
 
 
-def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTable,
-                    max_spec_len: int | None = None, return_theta: bool = False):
+def schedule_tokens(
+    confidence: torch.Tensor,
+    active: torch.Tensor,
+    sps: SPSTable,
+    max_spec_len: int | None = None,
+    return_theta: bool = False,
+):
     """Drafts to verify per request, int64 [B] (0 for inactive requests).
 
     confidence [B, K'] per-token survival c_{r,j} for draft positions 1..K';
@@ -105,14 +110,14 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     device = confidence.device
     # On the host in NumPy: a few dozen values a step (torch's per-op cost dominated here).
     active = active.to(torch.bool).cpu().numpy()
-    a = prefix_survival(confidence[:, :K].detach().cpu()).numpy()                # [B, K]
+    a = prefix_survival(confidence[:, :K].detach().cpu()).numpy()  # [B, K]
     n_active = int(active.sum())
     k_b = np.zeros(B, dtype=np.int64)
     if n_active == 0 or K == 0:
         theta0 = float(n_active * sps.rate(max(1, n_active)))
         return (torch.from_numpy(k_b).to(device), theta0) if return_theta else torch.from_numpy(k_b).to(device)
     rows = np.flatnonzero(active)
-    a = a[rows]                                                                  # [R, K]
+    a = a[rows]  # [R, K]
     R = rows.size
     req = np.repeat(np.arange(R), K)
     pos = np.tile(np.arange(K), R)
@@ -121,7 +126,7 @@ def schedule_tokens(confidence: torch.Tensor, active: torch.Tensor, sps: SPSTabl
     order = np.argsort(pos, kind="stable")
     order = order[np.argsort(-flat[order], kind="stable")]
     gains = flat[order]
-    tau = n_active + np.concatenate([np.zeros(1), np.cumsum(gains)])             # prefix of m slots
+    tau = n_active + np.concatenate([np.zeros(1), np.cumsum(gains)])  # prefix of m slots
     T = n_active + np.arange(gains.size + 1, dtype=np.float64)
     theta = tau * sps.rate(T)
     m = int(np.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
@@ -201,15 +206,20 @@ class ConfidenceStats:
         return out
 
     def to_dict(self) -> dict:
-        return {"rows": self.rows, "survival": self.survival.tolist(), "predicted": self.predicted.tolist(),
-                "observed": self.observed.tolist()}
+        return {
+            "rows": self.rows,
+            "survival": self.survival.tolist(),
+            "predicted": self.predicted.tolist(),
+            "observed": self.observed.tolist(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "ConfidenceStats":
         out = cls(len(d["survival"]))
         out.rows = int(d["rows"])
-        out.survival, out.predicted, out.observed = (torch.tensor(d[k], dtype=torch.float64)
-                                                     for k in ("survival", "predicted", "observed"))
+        out.survival, out.predicted, out.observed = (
+            torch.tensor(d[k], dtype=torch.float64) for k in ("survival", "predicted", "observed")
+        )
         return out
 
 
@@ -260,9 +270,19 @@ class ConfidenceScheduler:
     STEP_RATIO_STRENGTH = 2.0  # pseudo-steps of ratio 1
     REVERDICT_STEPS = 8
 
-    def __init__(self, max_spec_len: int, sps: SPSTable, delay: int = 0, confidence_fn=None,
-                 plain_sps: SPSTable | None = None, min_rows: int = 64, prior: ConfidenceStats | None = None,
-                 step_prior: tuple[float, int] | None = None, time_steps: bool = False, min_gain: float = 1.1):
+    def __init__(
+        self,
+        max_spec_len: int,
+        sps: SPSTable,
+        delay: int = 0,
+        confidence_fn=None,
+        plain_sps: SPSTable | None = None,
+        min_rows: int = 64,
+        prior: ConfidenceStats | None = None,
+        step_prior: tuple[float, int] | None = None,
+        time_steps: bool = False,
+        min_gain: float = 1.1,
+    ):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
         self.max_spec_len = max_spec_len
@@ -274,13 +294,13 @@ class ConfidenceScheduler:
         # Everything learnt so far: the prior plus this scheduler's rows and outcomes.
         self.stats = None if prior is None else prior.copy()
         self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
-        self._last: torch.Tensor | None = None     # survival of the step being verified (for observe)
-        self._decision: tuple | None = None        # (active count, draft?) of the last verdict
-        self._since_verdict = 0                    # wants_draft calls since it
+        self._last: torch.Tensor | None = None  # survival of the step being verified (for observe)
+        self._decision: tuple | None = None  # (active count, draft?) of the last verdict
+        self._since_verdict = 0  # wants_draft calls since it
         self._step_ratio = list(step_prior) if step_prior is not None else [0.0, 0]  # (sum of ratios, steps)
         self.time_steps = time_steps
         self.min_gain = min_gain
-        self._step_start: float | None = None      # when the current loop iteration began
+        self._step_start: float | None = None  # when the current loop iteration began
         self._step_predicted: float | None = None  # its predicted seconds, if it drafted
 
     def reset(self) -> None:
@@ -351,8 +371,9 @@ class ConfidenceScheduler:
         if self.plain_sps is None:
             return True
         active = torch.ones(batch_size, dtype=torch.bool)
-        _, theta = schedule_tokens(confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len,
-                                   return_theta=True)
+        _, theta = schedule_tokens(
+            confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len, return_theta=True
+        )
         return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps.rate(batch_size))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -383,9 +404,20 @@ def _fingerprint(target, batch_size: int, context_len: int, token_counts: list[i
     dev = str(p.device)
     if p.device.type == "cuda":
         dev += ":" + torch.cuda.get_device_name(p.device)
-    key = json.dumps({"config": target.config.to_dict(), "dtype": str(p.dtype), "device": dev,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__, "batch": batch_size,
-                      "context": context_len, "tokens": token_counts, "overhead": overhead_s}, sort_keys=True)
+    key = json.dumps(
+        {
+            "config": target.config.to_dict(),
+            "dtype": str(p.dtype),
+            "device": dev,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "batch": batch_size,
+            "context": context_len,
+            "tokens": token_counts,
+            "overhead": overhead_s,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -397,8 +429,16 @@ def _split(total: int, batch_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def forward_seconds(target, tokens: torch.Tensor, cache, lens: torch.Tensor, num_new: torch.Tensor,
-                    hidden_layers: list[int] | None = None, warmup: int = 1, repeats: int = 3) -> float:
+def forward_seconds(
+    target,
+    tokens: torch.Tensor,
+    cache,
+    lens: torch.Tensor,
+    num_new: torch.Tensor,
+    hidden_layers: list[int] | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+) -> float:
     """Median wall seconds, now, of the ragged target forward `target(tokens, cache, lens, num_new)`
     (synchronized on CUDA), after `warmup` untimed runs."""
     cuda = tokens.device.type == "cuda"
@@ -416,9 +456,18 @@ def forward_seconds(target, tokens: torch.Tensor, cache, lens: torch.Tensor, num
 
 
 @torch.no_grad()
-def profile_sps(target, batch_size: int, token_counts: Sequence[int] | None = None, context_len: int = 256,
-                repeats: int = 5, warmup: int = 2, overhead_s: float = 0.0, hidden_layers: list[int] | None = None,
-                cache_file: str | Path | None = None, refresh: bool = False) -> SPSTable:
+def profile_sps(
+    target,
+    batch_size: int,
+    token_counts: Sequence[int] | None = None,
+    context_len: int = 256,
+    repeats: int = 5,
+    warmup: int = 2,
+    overhead_s: float = 0.0,
+    hidden_layers: list[int] | None = None,
+    cache_file: str | Path | None = None,
+    refresh: bool = False,
+) -> SPSTable:
     """Measure SPS(T) = 1 / (seconds of one ragged verify forward of T tokens + overhead_s).
 
     `batch_size` requests sit at `context_len` committed tokens; T (from batch_size up)
@@ -448,11 +497,14 @@ def profile_sps(target, batch_size: int, token_counts: Sequence[int] | None = No
     rates = []
     for total in token_counts:
         num_new = _split(total, batch_size).to(device)
-        seconds = forward_seconds(target, tokens[:, :int(num_new.max())], cache, lens, num_new, hidden_layers,
-                                  warmup, repeats)
+        seconds = forward_seconds(
+            target, tokens[:, : int(num_new.max())], cache, lens, num_new, hidden_layers, warmup, repeats
+        )
         rates.append(1.0 / (seconds + overhead_s))
     table = SPSTable(token_counts, rates)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table.to_dict() | {"key": key, "batch_size": batch_size,
-                                                  "context_len": context_len}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(table.to_dict() | {"key": key, "batch_size": batch_size, "context_len": context_len}, indent=2)
+        + "\n"
+    )
     return table

@@ -45,12 +45,12 @@ SHIPPED_PRIOR_ROWS = 256
 @dataclass(frozen=True)
 class MethodSpec:
     drafter: str
-    k: int | None = None            # fixed K (default γ - 1), or the confidence scheduler's bound
+    k: int | None = None  # fixed K (default γ - 1), or the confidence scheduler's bound
     scheduler: str = "fixed"
-    path: str = "auto"              # DFlash 2 path mode (auto: backtrack at T = 0, sample at T > 0)
-    delay: int = 0                  # confidence scheduler: use confidences this many steps old
-    online: bool = True             # confidence proxy: update from each step's outcomes
-    plain_steps: bool = True        # confidence scheduler: run plain decode steps when drafting would not pay
+    path: str = "auto"  # DFlash 2 path mode (auto: backtrack at T = 0, sample at T > 0)
+    delay: int = 0  # confidence scheduler: use confidences this many steps old
+    online: bool = True  # confidence proxy: update from each step's outcomes
+    plain_steps: bool = True  # confidence scheduler: run plain decode steps when drafting would not pay
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -84,9 +84,11 @@ def parse_method(text: str) -> MethodSpec:
         elif key == "plain" and val in ("0", "1"):
             kw["plain_steps"] = val == "1"
         else:
-            raise ValueError(f"method option {opt!r} of {text!r} not understood "
-                             "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1, "
-                             "plain=0|1)")
+            raise ValueError(
+                f"method option {opt!r} of {text!r} not understood "
+                "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1, "
+                "plain=0|1)"
+            )
     return MethodSpec(name, **kw)
 
 
@@ -137,8 +139,9 @@ def load_prior(drafter_dir: str | Path, temperature: float) -> ConfidenceStats |
 
 
 @torch.no_grad()
-def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", context_len: int = 64,
-                          steps: int = 6) -> float:
+def measured_step_seconds(
+    target, drafter, batch_size: int, path: str = "auto", context_len: int = 64, steps: int = 6
+) -> float:
     """Wall seconds of one whole loop step (draft, verify forward of γ tokens per request,
     verify, commit, injection) for `batch_size` requests, from a short greedy run with fixed
     K = γ - 1 on random prompts. Measured inside the loop on purpose: there the drafter and
@@ -147,8 +150,10 @@ def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", 
     g = drafter.block_size
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
-    run = lambda n: speculative_generate(target, drafter, prompts, max_new_tokens=n, path=path,  # noqa: E731
-                                         scheduler=FixedK(g - 1))
+
+    def run(n):
+        return speculative_generate(target, drafter, prompts, max_new_tokens=n, path=path, scheduler=FixedK(g - 1))
+
     run(2)  # warm-up
     _, st = run(steps * g)
     return st["decode_seconds"] / max(1.0, st["steps"] / batch_size)
@@ -156,27 +161,38 @@ def measured_step_seconds(target, drafter, batch_size: int, path: str = "auto", 
 
 def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
     """Plain decoding with the speculative loop's stats keys (τ = 1, nothing drafted)."""
-    out, st = generate(target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                       eos_id=eos_id)
+    out, st = generate(
+        target, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, eos_id=eos_id
+    )
     steps = st["new_tokens"]  # one token per request-step
-    return out, st | {"steps": steps, "tau": 1.0, "tau_per_request": [1.0] * len(prompts),
-                      "verified_per_step": 0.0, "drafts_verified": 0, "drafts_wasted": 0,
-                      "acceptance_per_position": [], "plain_steps": st["forwards"], "plain_batch": True,
-                      "phase_seconds": {"prefill": st["prefill_seconds"], "target": st["decode_seconds"]}}
+    return out, st | {
+        "steps": steps,
+        "tau": 1.0,
+        "tau_per_request": [1.0] * len(prompts),
+        "verified_per_step": 0.0,
+        "drafts_verified": 0,
+        "drafts_wasted": 0,
+        "acceptance_per_position": [],
+        "plain_steps": st["forwards"],
+        "plain_batch": True,
+        "phase_seconds": {"prefill": st["prefill_seconds"], "target": st["decode_seconds"]},
+    }
 
 
 _SPS: dict = {}
 
 
-def forward_seconds_now(target, batch_size: int, tokens_per_request: int, hidden_layers=None,
-                        context_len: int = 64) -> float:
+def forward_seconds_now(
+    target, batch_size: int, tokens_per_request: int, hidden_layers=None, context_len: int = 64
+) -> float:
     """Median wall seconds, now, of one target forward of `tokens_per_request` tokens for each of
     `batch_size` requests at `context_len` committed tokens."""
     device = target.model.embed_tokens.weight.device
     cache = target.new_cache(batch_size, context_len + tokens_per_request)
     lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
-    tokens = torch.randint(2, target.config.vocab_size, (batch_size, tokens_per_request),
-                           generator=torch.Generator().manual_seed(0)).to(device)
+    tokens = torch.randint(
+        2, target.config.vocab_size, (batch_size, tokens_per_request), generator=torch.Generator().manual_seed(0)
+    ).to(device)
     with torch.no_grad():
         return forward_seconds(target, tokens, cache, lens, torch.full_like(lens, tokens_per_request), hidden_layers)
 
@@ -196,8 +212,11 @@ def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int =
         # timed right after, median of `rounds`: a shared machine's slow spells then cancel
         # instead of landing in the overhead (one slow measurement once priced a batch size out).
         g = drafter.block_size
-        ratios = [measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, g, layers)
-                  for _ in range(rounds)]
+        ratios = [
+            measured_step_seconds(target, drafter, batch_size, path)
+            / forward_seconds_now(target, batch_size, g, layers)
+            for _ in range(rounds)
+        ]
         overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
         _SPS[key] = forward.with_overhead(overhead), forward
     return _SPS[key]
@@ -214,20 +233,33 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
     k_max = drafter.block_size - 1 if spec.k is None else spec.k
     proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
 
-    def scheduler_for(batch_size: int, temperature: float, prior: ConfidenceStats | None = None,
-                      step_prior: tuple[float, int] | None = None):
+    def scheduler_for(
+        batch_size: int,
+        temperature: float,
+        prior: ConfidenceStats | None = None,
+        step_prior: tuple[float, int] | None = None,
+    ):
         if spec.scheduler == "fixed":
             return FixedK(k_max)
         source = None
         if spec.drafter == "dflash2":
             if temperature not in proxies:
-                proxies[temperature] = load_proxy(prior_dir or data.ASSETS_DIR / "dflash2", temperature,
-                                                  device=next(drafter.parameters()).device)
+                proxies[temperature] = load_proxy(
+                    prior_dir or data.ASSETS_DIR / "dflash2", temperature, device=next(drafter.parameters()).device
+                )
             source = proxies[temperature].for_scheduler(online=spec.online)
         spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
-        return ConfidenceScheduler(k_max, spec_sps, delay=spec.delay, confidence_fn=source,
-                                   plain_sps=plain_sps if spec.plain_steps else None, min_rows=MIN_PRIOR_ROWS,
-                                   prior=prior, step_prior=step_prior, time_steps=True)
+        return ConfidenceScheduler(
+            k_max,
+            spec_sps,
+            delay=spec.delay,
+            confidence_fn=source,
+            plain_sps=plain_sps if spec.plain_steps else None,
+            min_rows=MIN_PRIOR_ROWS,
+            prior=prior,
+            step_prior=step_prior,
+            time_steps=True,
+        )
 
     # Per temperature: the confidence stats (mean survival, online recalibration) of the shipped
     # prior and earlier calls. A batch is decoded plainly when MIN_PRIOR_ROWS rows of them say
@@ -242,13 +274,27 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
         prior = priors[temperature]
         scheduler = scheduler_for(len(prompts), temperature, prior, step_costs.get(len(prompts)))
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
-        if confident and not record and prior is not None and prior.rows >= scheduler.min_rows \
-                and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts)):
+        if (
+            confident
+            and not record
+            and prior is not None
+            and prior.rows >= scheduler.min_rows
+            and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts))
+        ):
             # Speculation is not expected to pay at this load: decode the batch plainly.
             return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
-        out, stats = speculative_generate(target, drafter, prompts, max_new_tokens=max_new_tokens,
-                                          temperature=temperature, seed=seed, eos_id=eos_id, scheduler=scheduler,
-                                          path=spec.path, record=record)
+        out, stats = speculative_generate(
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            eos_id=eos_id,
+            scheduler=scheduler,
+            path=spec.path,
+            record=record,
+        )
         if confident and scheduler.stats is not None:
             priors[temperature] = scheduler.stats  # the prior plus this batch
             step_costs[len(prompts)] = scheduler.step_cost_totals()

@@ -33,15 +33,24 @@ def _features(signals: torch.Tensor) -> torch.Tensor:
     eps = 1e-6
     sel = signals[..., 0].clamp(eps, 1 - eps)
     top1 = signals[..., 2].clamp(eps, 1 - eps)
-    return torch.stack([torch.log(sel) - torch.log1p(-sel), signals[..., 1],
-                        torch.log(top1) - torch.log1p(-top1), signals[..., 3]], dim=-1)
+    return torch.stack(
+        [torch.log(sel) - torch.log1p(-sel), signals[..., 1], torch.log(top1) - torch.log1p(-top1), signals[..., 3]],
+        dim=-1,
+    )
 
 
 class ConfidenceProxy:
     """c_k = sigmoid(w · features(signals_k) + bias[k])."""
 
-    def __init__(self, width: int, device=None, capacity: int = 4096, refit_every: int = 32,
-                 refit_steps: int = 10, lr: float = 0.5):
+    def __init__(
+        self,
+        width: int,
+        device=None,
+        capacity: int = 4096,
+        refit_every: int = 32,
+        refit_steps: int = 10,
+        lr: float = 0.5,
+    ):
         self.width = width
         self.weight = torch.zeros(len(SIGNALS), device=device)
         self.bias = torch.zeros(width, device=device)
@@ -74,16 +83,21 @@ class ConfidenceProxy:
         pos = torch.arange(k, device=signals.device)
         seen = (pos[None] < num_verified[:, None]) & (pos[None] <= num_accepted[:, None])
         label = (pos[None] < num_accepted[:, None]).float()
-        return (self._features_of(signals).reshape(n * k, -1), pos.repeat(n), label.reshape(-1),
-                seen.float().reshape(-1))
+        return (
+            self._features_of(signals).reshape(n * k, -1),
+            pos.repeat(n),
+            label.reshape(-1),
+            seen.float().reshape(-1),
+        )
 
     def _loss(self, feats, pos, label, mask, weight, bias):
         logits = feats @ weight + bias[pos]
         bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, label, reduction="none")
         return (bce * mask).sum() / mask.sum().clamp(min=1) + 1e-4 * (weight.pow(2).sum() + bias.pow(2).sum())
 
-    def fit(self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor,
-            max_iter: int = 200) -> float:
+    def fit(
+        self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor, max_iter: int = 200
+    ) -> float:
         """Offline fit on a calibration split: signals [N, K, 4], outcomes [N]. Returns the final loss."""
         feats, pos, label, mask = self._observations(signals, num_accepted.long(), num_verified.long())
         w = self.weight.clone().requires_grad_(True)
@@ -110,9 +124,9 @@ class ConfidenceProxy:
         # Into the ring as at most two slices (the head is a host int: no synchronization).
         first = min(n, self.capacity - start)
         for buf, r in zip((self._feats, self._pos, self._label, self._mask), rows):
-            r = r[total - n:]
-            buf[start:start + first] = r[:first]
-            buf[:n - first] = r[first:]
+            r = r[total - n :]
+            buf[start : start + first] = r[:first]
+            buf[: n - first] = r[first:]
         self._head = (self._head + total) % self.capacity
         self._calls += 1
         if self._calls % self.refit_every == 0:
@@ -138,8 +152,12 @@ class ConfidenceProxy:
 
     # ------------------------------------------------------------ persistence
     def state(self) -> dict:
-        return {"signals": list(SIGNALS), "width": self.width, "weight": self.weight.tolist(),
-                "bias": self.bias.tolist()}
+        return {
+            "signals": list(SIGNALS),
+            "width": self.width,
+            "weight": self.weight.tolist(),
+            "bias": self.bias.tolist(),
+        }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.state(), indent=2) + "\n")

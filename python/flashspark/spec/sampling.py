@@ -37,8 +37,14 @@ def sample_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, t).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def sample_logits(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-                  positions: torch.Tensor, purpose: int, want_probs: bool = False):
+def sample_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    purpose: int,
+    want_probs: bool = False,
+):
     """Tokens [B, P] (int64) from logits [B, P, V] at per-request temperature [B]:
     argmax where temperature == 0, else a sample from softmax(logits / T) drawn
     at Philox (seeds[b], positions[b, p], purpose). Returns (tokens, probs) where

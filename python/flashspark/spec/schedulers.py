@@ -16,12 +16,12 @@ import torch
 
 @dataclass
 class ScheduleState:
-    active: torch.Tensor          # [B] bool: request still generating
-    ctx_lens: torch.Tensor        # [B] int64: committed tokens in the caches
-    draft_tokens: torch.Tensor    # [B, gamma - 1] int64
+    active: torch.Tensor  # [B] bool: request still generating
+    ctx_lens: torch.Tensor  # [B] int64: committed tokens in the caches
+    draft_tokens: torch.Tensor  # [B, gamma - 1] int64
     draft_logits: torch.Tensor | None = None  # [B, gamma - 1, V] float32 (DFlash drafters)
-    confidence: torch.Tensor | None = None    # [B, gamma - 1] per-token survival (DSpark's head)
-    signals: torch.Tensor | None = None       # [B, gamma - 1, 4] path-selector signals (DFlash 2)
+    confidence: torch.Tensor | None = None  # [B, gamma - 1] per-token survival (DSpark's head)
+    signals: torch.Tensor | None = None  # [B, gamma - 1, 4] path-selector signals (DFlash 2)
 
 
 class FixedK:

@@ -46,21 +46,21 @@ class DFlashTrainArgs:
     out: str = "runs/dflash"
     export: str = str(DEFAULT_EXPORT)
     target: str = str(data.ASSETS_DIR / "target")
-    minutes: float = 50.0          # whole run: data generation + training + evaluation + export
-    gen_frac: float = 0.3          # share of the budget spent generating target continuations
-    max_sequences: int = 8192      # cap on generated sequences (memory: ~0.65 MB each)
+    minutes: float = 50.0  # whole run: data generation + training + evaluation + export
+    gen_frac: float = 0.3  # share of the budget spent generating target continuations
+    max_sequences: int = 8192  # cap on generated sequences (memory: ~0.65 MB each)
     export_reserve_min: float = 2.5
     resume: bool = False
     threads: int = 2
     seed: int = 0
     layers: int = 2
     block_size: int = 8
-    decay: float = 0.0             # gamma_d; 0 = the paper's value for the block size
+    decay: float = 0.0  # gamma_d; 0 = the paper's value for the block size
     prompt_tokens: int = 64
     gen_tokens: int = 192
     gen_batch: int = 128
-    batch_size: int = 16           # sequences per step
-    blocks_per_seq: int = 32       # random anchors per sequence
+    batch_size: int = 16  # sequences per step
+    blocks_per_seq: int = 32  # random anchors per sequence
     min_anchor: int = 16
     lr: float = 2e-3
     min_lr_frac: float = 0.05
@@ -68,7 +68,7 @@ class DFlashTrainArgs:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     bf16: bool = True
-    init_layers: bool = False      # start the decoder layers from the target's top layers
+    init_layers: bool = False  # start the decoder layers from the target's top layers
     eval_every_min: float = 5.0
     ckpt_every_min: float = 5.0
     eval_sequences: int = 64
@@ -114,7 +114,7 @@ def generate_sequences(target, prompts: torch.Tensor, gen_tokens: int, layer_ids
 
 def random_prompts(ids: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
     starts = rng.integers(0, len(ids) - length, size=n)
-    return torch.from_numpy(np.stack([ids[s:s + length] for s in starts]).astype(np.int64))
+    return torch.from_numpy(np.stack([ids[s : s + length] for s in starts]).astype(np.int64))
 
 
 def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float, out: Path, log) -> dict:
@@ -128,8 +128,9 @@ def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float,
     bar = tqdm(total=round(seconds), unit="s", desc="generate", dynamic_ncols=True, mininterval=5)
     while time.time() - t0 < seconds and n + a.gen_batch <= a.max_sequences:
         prompts = random_prompts(train_ids, a.gen_batch, a.prompt_tokens, rng)
-        chunk = dict(zip(("tokens", "features", "labels"),
-                         generate_sequences(target, prompts, a.gen_tokens, layer_ids)))
+        chunk = dict(
+            zip(("tokens", "features", "labels"), generate_sequences(target, prompts, a.gen_tokens, layer_ids))
+        )
         path = ddir / f"chunk_{n_chunks:04d}.pt"
         torch.save(chunk, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
@@ -164,7 +165,7 @@ def _append(pool: dict | None, chunk: dict, n: int, capacity: int) -> dict:
     if pool is None:
         pool = {k: v.new_empty((capacity,) + v.shape[1:]) for k, v in chunk.items()}
     for k, v in chunk.items():
-        pool[k][n:n + v.shape[0]] = v
+        pool[k][n : n + v.shape[0]] = v
     return pool
 
 
@@ -194,7 +195,7 @@ def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights):
     bt, pos = packed_blocks(tokens, anchors, g, drafter.config.mask_token_id)
     hidden = drafter(feats, bt, pos, block_mask(anchors, S, g))
     hidden = hidden.view(B, nb, g, -1)[:, :, 1:]
-    logits = drafter.logits(hidden)                                 # [B, nb, g-1, V] fp32
+    logits = drafter.logits(hidden)  # [B, nb, g-1, V] fp32
     target = labels.gather(1, (anchors[..., None] + torch.arange(1, g)).flatten(1)).view(B, nb, g - 1)
     ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
     loss = (ce * weights).sum() / (weights.sum() * B * nb)
@@ -220,14 +221,19 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
         sl = slice(i, i + batch)
         a = anchors.expand(ev["tokens"][sl].shape[0], -1)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            _, hits = block_loss(drafter, ev["features"][sl].float(), ev["tokens"][sl], ev["labels"][sl], a,
-                                 torch.ones(g - 1))
+            _, hits = block_loss(
+                drafter, ev["features"][sl].float(), ev["tokens"][sl], ev["labels"][sl], a, torch.ones(g - 1)
+            )
         hits_all.append(hits.flatten(0, 1))
-    hits = torch.cat(hits_all).float()                           # [blocks, g-1]
+    hits = torch.cat(hits_all).float()  # [blocks, g-1]
     drafter.train(was)
     prefix = hits.cumprod(1).mean(0)
-    return {"acceptance": prefix.tolist(), "top1": hits.mean(0).tolist(), "tau": 1 + float(prefix.sum()),
-            "blocks": hits.shape[0]}
+    return {
+        "acceptance": prefix.tolist(),
+        "top1": hits.mean(0).tolist(),
+        "tau": 1 + float(prefix.sum()),
+        "blocks": hits.shape[0],
+    }
 
 
 # ------------------------------------------------------------------- train
@@ -236,6 +242,7 @@ def _log_to(out: Path):
         print(msg, flush=True)
         with open(out / "train.log.txt", "a") as f:
             f.write(msg + "\n")
+
     return log
 
 
@@ -254,8 +261,9 @@ def train(a: DFlashTrainArgs) -> dict:
     target = load_model(a.target, dtype=torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
-    config = DFlashConfig.for_target(target.config, num_hidden_layers=a.layers, block_size=a.block_size,
-                                     mask_token_id=special["mask"])
+    config = DFlashConfig.for_target(
+        target.config, num_hidden_layers=a.layers, block_size=a.block_size, mask_token_id=special["mask"]
+    )
     g = config.block_size
     decay = a.decay or DECAY.get(g, g / 2)
     layer_ids = config.target_layer_ids
@@ -283,7 +291,7 @@ def train(a: DFlashTrainArgs) -> dict:
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, a.init_layers)
     log(f"drafter: gamma_d {decay}, features from target layers {layer_ids}")
-    weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)   # k = 1..g-1 -> exp(-(k-1)/gamma_d)
+    weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)  # k = 1..g-1 -> exp(-(k-1)/gamma_d)
 
     def loss_fn(d, feats, tokens, labels, anchors, idx):
         loss, hits = block_loss(d, feats, tokens, labels, anchors, weights)
@@ -292,14 +300,29 @@ def train(a: DFlashTrainArgs) -> dict:
     def eval_fn(d):
         return evaluate(d, ev, a.prompt_tokens, bf16=a.bf16)
 
-    step, elapsed, history, prior_wall = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn,
-                                                       wall_start, log, "train dflash")
-    return export(drafter, target, ev, a, config, history, step, elapsed, N, L, decay,
-                  wall_minutes=(prior_wall + time.time() - wall_start) / 60, log=log)
+    step, elapsed, history, prior_wall = train_drafter(
+        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash"
+    )
+    return export(
+        drafter,
+        target,
+        ev,
+        a,
+        config,
+        history,
+        step,
+        elapsed,
+        N,
+        L,
+        decay,
+        wall_minutes=(prior_wall + time.time() - wall_start) / 60,
+        log=log,
+    )
 
 
-def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float,
-                  log, desc: str):
+def train_drafter(
+    a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float, log, desc: str
+):
     """The budgeted training loop of every drafter trainer (DFlash, DFlash 2, DSpark).
 
     loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
@@ -315,8 +338,11 @@ def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eva
     g = config.block_size
     decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
     other = [p for p in drafter.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay_params, "weight_decay": a.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay_params, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=a.lr,
+        betas=(0.9, 0.95),
+    )
     step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
     if a.resume:
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
@@ -330,22 +356,40 @@ def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eva
     train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
     if train_budget <= elapsed:
         log("no training time left in the budget; exporting")
-    log(f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
-        f"training {(train_budget - elapsed) / 60:.1f} min")
+    log(
+        f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"training {(train_budget - elapsed) / 60:.1f} min"
+    )
 
     gen = torch.Generator().manual_seed(a.seed * 1000 + step)
     next_eval = elapsed + a.eval_every_min * 60
     next_ckpt = elapsed + a.ckpt_every_min * 60
-    bar = tqdm(total=max(1, round(train_budget)), initial=min(round(elapsed), max(1, round(train_budget))),
-               unit="s", desc=desc, dynamic_ncols=True, mininterval=5)
+    bar = tqdm(
+        total=max(1, round(train_budget)),
+        initial=min(round(elapsed), max(1, round(train_budget))),
+        unit="s",
+        desc=desc,
+        dynamic_ncols=True,
+        mininterval=5,
+    )
     drafter.train()
     ema: dict[str, float] = {}
 
     def save_ckpt():
         tmp = ckpt_path.with_suffix(".tmp")
-        torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "history": history, "config": dataclasses.asdict(config), "args": asdict(a),
-                    "wall": prior_wall + time.time() - wall_start}, tmp)
+        torch.save(
+            {
+                "model": drafter.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": elapsed,
+                "history": history,
+                "config": dataclasses.asdict(config),
+                "args": asdict(a),
+                "wall": prior_wall + time.time() - wall_start,
+            },
+            tmp,
+        )
         os.replace(tmp, ckpt_path)
 
     while elapsed < train_budget:
@@ -356,8 +400,9 @@ def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eva
         idx = torch.randint(0, N, (a.batch_size,), generator=gen)
         anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss, stats = loss_fn(drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx],
-                                  anchors, idx)
+            loss, stats = loss_fn(
+                drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx], anchors, idx
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
@@ -371,11 +416,18 @@ def train_drafter(a, drafter, target, config, pool: dict, loss_fn: Callable, eva
         if elapsed >= next_eval:
             ev = eval_fn(drafter)
             drafter.train()
-            rec = {"step": step, "minutes": elapsed / 60, "train_loss": ema["loss"], "tau": ev["tau"],
-                   "acceptance": ev["acceptance"]}
+            rec = {
+                "step": step,
+                "minutes": elapsed / 60,
+                "train_loss": ema["loss"],
+                "tau": ev["tau"],
+                "acceptance": ev["acceptance"],
+            }
             history.append(rec)
-            bar.write(f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
-                      f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}")
+            bar.write(
+                f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
+                f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}"
+            )
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
             next_eval = elapsed + a.eval_every_min * 60
@@ -400,27 +452,43 @@ def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_le
     prompts = data.heldout_prompts("code", 8, a.prompt_tokens, tok)
     _, spec = speculative_generate(target, shipped, prompts, max_new_tokens=96)
     summary = {
-        "step": step, "train_minutes": elapsed / 60, "wall_minutes": wall_minutes + (time.time() - t0) / 60,
-        "final": final, "spec_tau": spec["tau"], "spec_acceptance": spec["acceptance_per_position"],
-        "history": history, "params": shipped.num_parameters(), "sequences": n_seq, "seq_len": seq_len,
-        "decay": decay, "hardware": hardware_string(), "torch": torch.__version__, "args": asdict(a),
-        "config": dataclasses.asdict(config), "target_params": target.num_parameters(),
+        "step": step,
+        "train_minutes": elapsed / 60,
+        "wall_minutes": wall_minutes + (time.time() - t0) / 60,
+        "final": final,
+        "spec_tau": spec["tau"],
+        "spec_acceptance": spec["acceptance_per_position"],
+        "history": history,
+        "params": shipped.num_parameters(),
+        "sequences": n_seq,
+        "seq_len": seq_len,
+        "decay": decay,
+        "hardware": hardware_string(),
+        "torch": torch.__version__,
+        "args": asdict(a),
+        "config": dataclasses.asdict(config),
+        "target_params": target.num_parameters(),
         "target_layers": target.config.num_hidden_layers,
     }
     data.write_json(Path(a.out) / "summary.json", summary)
     write_model_card(export_dir / "MODEL_CARD.md", summary)
-    log(f"exported to {export_dir}: held-out tau {final['tau']:.3f}, acceptance "
-        f"{' '.join(f'{x:.3f}' for x in final['acceptance'])}; speculative run tau {spec['tau']:.3f}")
+    log(
+        f"exported to {export_dir}: held-out tau {final['tau']:.3f}, acceptance "
+        f"{' '.join(f'{x:.3f}' for x in final['acceptance'])}; speculative run tau {spec['tau']:.3f}"
+    )
     return summary
 
 
 def write_model_card(path: Path, s: dict) -> None:
     c, a, f = s["config"], s["args"], s["final"]
     g = c["block_size"]
-    acc = "\n".join(f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {s['spec_acceptance'][k]:.3f} |"
-                    for k in range(g - 1))
-    rows = "\n".join(f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |"
-                     for r in s["history"])
+    acc = "\n".join(
+        f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {s['spec_acceptance'][k]:.3f} |"
+        for k in range(g - 1)
+    )
+    rows = "\n".join(
+        f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
+    )
     text = f"""# flashspark embedded DFlash drafter
 
 A block-diffusion drafter for the embedded target (`../target`), trained by
@@ -431,37 +499,37 @@ distillation from that target on two CPU cores. It drafts a block of
 
 | field | value |
 |---|---|
-| decoder layers | {c['num_hidden_layers']} (Qwen3: RMSNorm, GQA {c['num_attention_heads']}/{c['num_key_value_heads']} heads × {c['head_dim']}, q/k norm, RoPE, SwiGLU {c['intermediate_size']}) |
-| hidden size | {c['hidden_size']} (the target's) |
-| block size γ | {g}: `[anchor, <\\|mask\\|> × {g - 1}]`, mask id {c['mask_token_id']} |
-| target feature layers | {c['target_layer_ids']} of {s['target_layers']} (`round(1 + i(L-4)/4)`) → `fc` ({len(c['target_layer_ids'])}·{c['hidden_size']} → {c['hidden_size']}) → `hidden_norm` |
+| decoder layers | {c["num_hidden_layers"]} (Qwen3: RMSNorm, GQA {c["num_attention_heads"]}/{c["num_key_value_heads"]} heads × {c["head_dim"]}, q/k norm, RoPE, SwiGLU {c["intermediate_size"]}) |
+| hidden size | {c["hidden_size"]} (the target's) |
+| block size γ | {g}: `[anchor, <\\|mask\\|> × {g - 1}]`, mask id {c["mask_token_id"]} |
+| target feature layers | {c["target_layer_ids"]} of {s["target_layers"]} (`round(1 + i(L-4)/4)`) → `fc` ({len(c["target_layer_ids"])}·{c["hidden_size"]} → {c["hidden_size"]}) → `hidden_norm` |
 | KV injection | context features through each layer's k_proj/v_proj, k_norm, RoPE; no mask inside the block |
 | embedding, LM head | the target's, shared and frozen (not in this checkpoint) |
-| parameters | {s['params']:,} (target: {s['target_params']:,}) |
+| parameters | {s["params"]:,} (target: {s["target_params"]:,}) |
 | shipped dtype | bfloat16 (`model.safetensors`) |
 
 ## Training
 
 ```
-{a['command'] or 'python -m flashspark train dflash'}
+{a["command"] or "python -m flashspark train dflash"}
 ```
 
-- Hardware: {s['hardware']}; torch {s['torch']}, {a['threads']} threads.
-- Data: {s['sequences']:,} sequences of {a['prompt_tokens']} training-split tokens followed by
-  {a['gen_tokens']} tokens of the target's own greedy continuation (fp32), with the target's
+- Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
+- Data: {s["sequences"]:,} sequences of {a["prompt_tokens"]} training-split tokens followed by
+  {a["gen_tokens"]} tokens of the target's own greedy continuation (fp32), with the target's
   feature-layer hidden states. Labels are the target's greedy tokens.
-- {s['step']:,} steps of {a['batch_size']} sequences × {a['blocks_per_seq']} random anchors
-  (packed under a block mask), loss weight exp(−(k−1)/{s['decay']:g}) on block position k ≥ 1.
-- AdamW (β = 0.9, 0.95, weight decay {a['weight_decay']}), peak lr {a['lr']:g}, warmup
-  {a['warmup_frac'] * 100:g}% then cosine to {a['min_lr_frac'] * 100:g}% on training time; bf16 autocast.
-- Training time {s['train_minutes']:.1f} min; wall time of the whole command {s['wall_minutes']:.1f} min
+- {s["step"]:,} steps of {a["batch_size"]} sequences × {a["blocks_per_seq"]} random anchors
+  (packed under a block mask), loss weight exp(−(k−1)/{s["decay"]:g}) on block position k ≥ 1.
+- AdamW (β = 0.9, 0.95, weight decay {a["weight_decay"]}), peak lr {a["lr"]:g}, warmup
+  {a["warmup_frac"] * 100:g}% then cosine to {a["min_lr_frac"] * 100:g}% on training time; bf16 autocast.
+- Training time {s["train_minutes"]:.1f} min; wall time of the whole command {s["wall_minutes"]:.1f} min
   (data generation, evaluation and export included).
 
 ## Held-out acceptance (temperature 0)
 
 The shipped bf16 weights, computed in fp32, on greedy target continuations of
-{a['eval_sequences']} held-out code prompts ({a['prompt_tokens']} tokens + 128 generated), one block
-at every position of the continuation ({f['blocks']:,} blocks). "top-1" is
+{a["eval_sequences"]} held-out code prompts ({a["prompt_tokens"]} tokens + 128 generated), one block
+at every position of the continuation ({f["blocks"]:,} blocks). "top-1" is
 agreement of draft k with the target's greedy token; "accepted" is the chance
 that drafts 1..k all agree (draft k is accepted at T = 0). The last column is a
 real speculative run (`speculative_generate`, 8 held-out prompts, 96 new tokens, K = {g - 1}).
@@ -470,8 +538,8 @@ real speculative run (`speculative_generate`, 8 held-out prompts, 96 new tokens,
 |---|---|---|---|
 {acc}
 
-τ estimate (tokens per target forward, K = {g - 1}): **{f['tau']:.2f}** from the held-out
-blocks; **{s['spec_tau']:.2f}** measured in the speculative run.
+τ estimate (tokens per target forward, K = {g - 1}): **{f["tau"]:.2f}** from the held-out
+blocks; **{s["spec_tau"]:.2f}** measured in the speculative run.
 The first number weighs every position equally; the loop crosses easy
 stretches in one step and spends more steps in hard ones, so the measured
 run is the number to expect (and it varies a lot between prompts).

@@ -32,8 +32,18 @@ from .. import data, ops
 from ..models import load_model
 from ..models.dflash import load_dflash
 from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
-from .dflash import (DECAY, DFlashTrainArgs, _log_to, block_loss, build_pool, evaluate, generate_sequences,
-                     init_from_target, load_pool, train_drafter)
+from .dflash import (
+    DECAY,
+    DFlashTrainArgs,
+    _log_to,
+    block_loss,
+    build_pool,
+    evaluate,
+    generate_sequences,
+    init_from_target,
+    load_pool,
+    train_drafter,
+)
 from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
@@ -43,12 +53,12 @@ DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
 class DFlash2TrainArgs(DFlashTrainArgs):
     out: str = "runs/dflash2"
     export: str = str(DEFAULT_EXPORT)
-    init_from: str = ""            # DFlash drafter directory to start the backbone from ("" = fresh)
-    data_from: str = ""            # run directory whose generated data/eval set to reuse ("" = generate)
+    init_from: str = ""  # DFlash drafter directory to start the backbone from ("" = fresh)
+    data_from: str = ""  # run directory whose generated data/eval set to reuse ("" = generate)
     selector_rank: int = 64
     selector_topk: int = 16
-    selector_weight: float = 1.0   # weight of the selector CE next to the backbone CE
-    path_mode: str = "backtrack"   # path mode of the held-out evaluation
+    selector_weight: float = 1.0  # weight of the selector CE next to the backbone CE
+    path_mode: str = "backtrack"  # path mode of the held-out evaluation
 
 
 # ------------------------------------------------------------------- pieces shared with DSpark
@@ -89,8 +99,10 @@ def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dic
         if pool is None:
             raise FileNotFoundError(f"--data-from {a.data_from} holds no finished data (data/done.json)")
         if pool["features"].shape[2] != len(layer_ids):
-            raise ValueError(f"--data-from {a.data_from} has features of {pool['features'].shape[2]} layers, "
-                             f"this drafter reads {len(layer_ids)}")
+            raise ValueError(
+                f"--data-from {a.data_from} has features of {pool['features'].shape[2]} layers, "
+                f"this drafter reads {len(layer_ids)}"
+            )
         log(f"reusing {pool['tokens'].shape[0]} generated sequences from {a.data_from}")
         return pool
     pool = load_pool(out) if a.resume else None
@@ -144,18 +156,23 @@ def dflash2_loss(drafter: DFlash2Drafter, feats, tokens, labels, anchors, weight
     """
     with capture_logits(drafter) as got:
         base_loss, hits = block_loss(drafter, feats, tokens, labels, anchors, weights)
-    hidden, logits = got[0]                                     # [B, nb, γ-1, D], [B, nb, γ-1, V]
+    hidden, logits = got[0]  # [B, nb, γ-1, D], [B, nb, γ-1, V]
     prev, target = block_targets(tokens, labels, anchors, drafter.block_size)
     sel_loss, in_topk, sel_hit = drafter.selector_loss(hidden, logits, prev, target, weights)
-    stats = {"base": base_loss.item(), "sel": sel_loss.item(), "acc1": hits[..., 0].float().mean().item(),
-             "topk": in_topk.float().mean().item(),
-             "sel1": (sel_hit.float().sum() / in_topk.float().sum().clamp(min=1)).item()}
+    stats = {
+        "base": base_loss.item(),
+        "sel": sel_loss.item(),
+        "acc1": hits[..., 0].float().mean().item(),
+        "topk": in_topk.float().mean().item(),
+        "sel1": (sel_hit.float().sum() / in_topk.float().sum().clamp(min=1)).item(),
+    }
     return base_loss + selector_weight * sel_loss, stats
 
 
 @torch.no_grad()
-def evaluate_paths(drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: str = "backtrack",
-                   batch: int = 16) -> dict:
+def evaluate_paths(
+    drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: str = "backtrack", batch: int = 16
+) -> dict:
     """Held-out agreement of the selector's paths with the target's greedy tokens.
 
     One block at every anchor of the continuation (as `train.dflash.evaluate`); the
@@ -183,9 +200,15 @@ def evaluate_paths(drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: 
         cand, unary, gg = drafter.lattice(hidden, use_ops=True)
         R = an.numel()
         sel = drafter.selector
-        paths = ops.path_select(cand.reshape(R, g - 1, -1), unary.reshape(R, g - 1, -1).contiguous(), sel.a_emb,
-                                sel.b_emb, gg.reshape(R, g - 1, -1).to(sel.a_emb.dtype).contiguous(),
-                                prev[..., 0].reshape(R), mode=mode)[0]
+        paths = ops.path_select(
+            cand.reshape(R, g - 1, -1),
+            unary.reshape(R, g - 1, -1).contiguous(),
+            sel.a_emb,
+            sel.b_emb,
+            gg.reshape(R, g - 1, -1).to(sel.a_emb.dtype).contiguous(),
+            prev[..., 0].reshape(R),
+            mode=mode,
+        )[0]
         path_hits.append(paths.long() == target.reshape(R, g - 1))
         base_hits.append((cand[..., 0].long() == target).reshape(R, g - 1))
         _, in_topk, hit = drafter.selector_loss(hidden, drafter.logits(hidden), prev, target)
@@ -195,11 +218,17 @@ def evaluate_paths(drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: 
     path_hits, base_hits = torch.cat(path_hits).float(), torch.cat(base_hits).float()
     cover, sel_hits = torch.cat(cover).float(), torch.cat(sel_hits).float()
     prefix, base_prefix = path_hits.cumprod(1).mean(0), base_hits.cumprod(1).mean(0)
-    return {"acceptance": prefix.tolist(), "top1": path_hits.mean(0).tolist(), "tau": 1 + float(prefix.sum()),
-            "backbone_acceptance": base_prefix.tolist(), "backbone_tau": 1 + float(base_prefix.sum()),
-            "topk_coverage": cover.mean(0).tolist(),
-            "selector_top1": (sel_hits.sum(0) / cover.sum(0).clamp(min=1)).tolist(),
-            "blocks": path_hits.shape[0], "mode": mode}
+    return {
+        "acceptance": prefix.tolist(),
+        "top1": path_hits.mean(0).tolist(),
+        "tau": 1 + float(prefix.sum()),
+        "backbone_acceptance": base_prefix.tolist(),
+        "backbone_tau": 1 + float(base_prefix.sum()),
+        "topk_coverage": cover.mean(0).tolist(),
+        "selector_top1": (sel_hits.sum(0) / cover.sum(0).clamp(min=1)).tolist(),
+        "blocks": path_hits.shape[0],
+        "mode": mode,
+    }
 
 
 # ------------------------------------------------------------------- train
@@ -207,9 +236,14 @@ def train(a: DFlash2TrainArgs) -> dict:
     wall_start = time.time()
     out, log, tok, target = setup_run(a)
     special = data.special_token_ids(tok)
-    config = DFlash2Config.for_target(target.config, num_hidden_layers=a.layers, block_size=a.block_size,
-                                      mask_token_id=special["mask"], selector_rank=a.selector_rank,
-                                      selector_topk=a.selector_topk)
+    config = DFlash2Config.for_target(
+        target.config,
+        num_hidden_layers=a.layers,
+        block_size=a.block_size,
+        mask_token_id=special["mask"],
+        selector_rank=a.selector_rank,
+        selector_topk=a.selector_topk,
+    )
     g = config.block_size
     decay = a.decay or DECAY.get(g, g / 2)
     layer_ids = config.target_layer_ids
@@ -224,8 +258,10 @@ def train(a: DFlash2TrainArgs) -> dict:
     if a.init_from and not a.resume:
         base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
         if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
-            raise ValueError(f"--init-from {a.init_from} has block size {base.config.block_size} and "
-                             f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}")
+            raise ValueError(
+                f"--init-from {a.init_from} has block size {base.config.block_size} and "
+                f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}"
+            )
         drafter.load_dflash_backbone(base.state_dict())
         log(f"backbone from {a.init_from}")
     weights = position_weights(g, decay)
@@ -236,10 +272,23 @@ def train(a: DFlash2TrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_paths(d, ev, a.prompt_tokens, a.path_mode)
 
-    step, elapsed, history, prior_wall = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
-                                           "train dflash2")
-    return export(drafter, target, ev, a, config, history, step, elapsed, pool["tokens"].shape, decay,
-                  (prior_wall + time.time() - wall_start) / 60, log)
+    step, elapsed, history, prior_wall = train_drafter(
+        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash2"
+    )
+    return export(
+        drafter,
+        target,
+        ev,
+        a,
+        config,
+        history,
+        step,
+        elapsed,
+        pool["tokens"].shape,
+        decay,
+        (prior_wall + time.time() - wall_start) / 60,
+        log,
+    )
 
 
 def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, decay, wall_minutes, log) -> dict:
@@ -250,69 +299,85 @@ def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, d
     final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
     dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric
     summary = {
-        "step": step, "train_minutes": elapsed / 60, "wall_minutes": wall_minutes, "final": final,
-        "backbone_final": dflash_eval, "history": history, "params": shipped.num_parameters(),
+        "step": step,
+        "train_minutes": elapsed / 60,
+        "wall_minutes": wall_minutes,
+        "final": final,
+        "backbone_final": dflash_eval,
+        "history": history,
+        "params": shipped.num_parameters(),
         "selector_params": sum(p.numel() for p in shipped.selector.parameters()),
         "conv_params": sum(p.numel() for m in shipped.convs() for p in m.parameters()),
-        "sequences": int(pool_shape[0]), "seq_len": int(pool_shape[1]), "decay": decay,
-        "hardware": hardware_string(), "torch": torch.__version__, "args": asdict(a),
-        "config": dataclasses.asdict(config), "target_params": target.num_parameters(),
+        "sequences": int(pool_shape[0]),
+        "seq_len": int(pool_shape[1]),
+        "decay": decay,
+        "hardware": hardware_string(),
+        "torch": torch.__version__,
+        "args": asdict(a),
+        "config": dataclasses.asdict(config),
+        "target_params": target.num_parameters(),
         "target_layers": target.config.num_hidden_layers,
     }
     data.write_json(Path(a.out) / "summary.json", summary)
     write_model_card(export_dir / "MODEL_CARD.md", summary)
-    log(f"exported to {export_dir}: held-out path tau {final['tau']:.3f} ({final['mode']}), backbone tau "
+    log(
+        f"exported to {export_dir}: held-out path tau {final['tau']:.3f} ({final['mode']}), backbone tau "
         f"{final['backbone_tau']:.3f}, top-{config.selector_topk} coverage "
-        f"{' '.join(f'{x:.3f}' for x in final['topk_coverage'])}")
+        f"{' '.join(f'{x:.3f}' for x in final['topk_coverage'])}"
+    )
     return summary
 
 
 def write_model_card(path: Path, s: dict) -> None:
     c, a, f = s["config"], s["args"], s["final"]
     g = c["block_size"]
-    acc = "\n".join(f"| {k + 1} | {f['topk_coverage'][k]:.3f} | {f['selector_top1'][k]:.3f} | {f['top1'][k]:.3f} | "
-                    f"{f['acceptance'][k]:.3f} | {f['backbone_acceptance'][k]:.3f} |" for k in range(g - 1))
-    rows = "\n".join(f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |"
-                     for r in s["history"])
+    acc = "\n".join(
+        f"| {k + 1} | {f['topk_coverage'][k]:.3f} | {f['selector_top1'][k]:.3f} | {f['top1'][k]:.3f} | "
+        f"{f['acceptance'][k]:.3f} | {f['backbone_acceptance'][k]:.3f} |"
+        for k in range(g - 1)
+    )
+    rows = "\n".join(
+        f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
+    )
     text = f"""# flashspark embedded DFlash 2 drafter
 
 A DFlash 2 drafter for the embedded target (`../target`): the DFlash backbone
 with two-tap dynamic depthwise convs around every attention and MLP sublayer,
-and a path selector that picks one coherent path through the Top-{c['selector_topk']}
+and a path selector that picks one coherent path through the Top-{c["selector_topk"]}
 lattice of the block. Trained by distillation from that target on CPU.
 
 ## Architecture
 
 | field | value |
 |---|---|
-| decoder layers | {c['num_hidden_layers']} (Qwen3, hidden {c['hidden_size']}, GQA {c['num_attention_heads']}/{c['num_key_value_heads']} × {c['head_dim']}, SwiGLU {c['intermediate_size']}) |
-| two-tap convs | prepare (after each norm) + finish (on each sublayer output), 4 per layer; taps per 16 channels from Linear(H → 2·H/16); {s['conv_params']:,} parameters |
-| path selector | unary = Top-{c['selector_topk']} log-probs, pair term <A[a] ⊙ W_h h_t, B[b]>, r = {c['selector_rank']}; {s['selector_params']:,} parameters |
+| decoder layers | {c["num_hidden_layers"]} (Qwen3, hidden {c["hidden_size"]}, GQA {c["num_attention_heads"]}/{c["num_key_value_heads"]} × {c["head_dim"]}, SwiGLU {c["intermediate_size"]}) |
+| two-tap convs | prepare (after each norm) + finish (on each sublayer output), 4 per layer; taps per 16 channels from Linear(H → 2·H/16); {s["conv_params"]:,} parameters |
+| path selector | unary = Top-{c["selector_topk"]} log-probs, pair term <A[a] ⊙ W_h h_t, B[b]>, r = {c["selector_rank"]}; {s["selector_params"]:,} parameters |
 | block size γ | {g} |
-| target feature layers | {c['target_layer_ids']} of {s['target_layers']} |
+| target feature layers | {c["target_layer_ids"]} of {s["target_layers"]} |
 | embedding, LM head | the target's, shared and frozen (not in this checkpoint) |
-| parameters | {s['params']:,} (target: {s['target_params']:,}) |
+| parameters | {s["params"]:,} (target: {s["target_params"]:,}) |
 | shipped dtype | bfloat16 |
 
 ## Training
 
 ```
-{a['command'] or 'python -m flashspark train dflash2'}
+{a["command"] or "python -m flashspark train dflash2"}
 ```
 
-- Hardware: {s['hardware']}; torch {s['torch']}, {a['threads']} threads.
-- Data: {s['sequences']:,} target-generated sequences of {s['seq_len']} tokens{f" (reused from {a['data_from']})" if a['data_from'] else ''}.
-- Backbone{f" started from {a['init_from']}" if a['init_from'] else ' from scratch'}; {s['step']:,} steps of
-  {a['batch_size']} sequences × {a['blocks_per_seq']} anchors. Loss: backbone CE weighted exp(−(k−1)/{s['decay']:g})
-  + {a['selector_weight']:g} × selector CE over the Top-{c['selector_topk']} scores with teacher-forced predecessors
+- Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
+- Data: {s["sequences"]:,} target-generated sequences of {s["seq_len"]} tokens{f" (reused from {a['data_from']})" if a["data_from"] else ""}.
+- Backbone{f" started from {a['init_from']}" if a["init_from"] else " from scratch"}; {s["step"]:,} steps of
+  {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss: backbone CE weighted exp(−(k−1)/{s["decay"]:g})
+  + {a["selector_weight"]:g} × selector CE over the Top-{c["selector_topk"]} scores with teacher-forced predecessors
   (positions whose true token is outside the Top-K masked out).
-- Training time {s['train_minutes']:.1f} min; wall time {s['wall_minutes']:.1f} min.
+- Training time {s["train_minutes"]:.1f} min; wall time {s["wall_minutes"]:.1f} min.
 
 ## Held-out acceptance (temperature 0)
 
 Shipped bf16 weights computed in fp32, one block at every position of the
-greedy continuations of {a['eval_sequences']} held-out code prompts ({f['blocks']:,} blocks).
-Paths: `{f['mode']}` mode. "coverage": true token among the Top-{c['selector_topk']};
+greedy continuations of {a["eval_sequences"]} held-out code prompts ({f["blocks"]:,} blocks).
+Paths: `{f["mode"]}` mode. "coverage": true token among the Top-{c["selector_topk"]};
 "selector top-1": teacher-forced selector choice right, among covered positions;
 "path top-1"/"accepted": the selected path against the target's greedy tokens;
 "backbone accepted": the backbone's own argmax (DFlash drafting).
@@ -321,7 +386,7 @@ Paths: `{f['mode']}` mode. "coverage": true token among the Top-{c['selector_top
 |---|---|---|---|---|---|
 {acc}
 
-τ (K = {g - 1}): **{f['tau']:.2f}** with the path selector, {f['backbone_tau']:.2f} with the backbone's argmax.
+τ (K = {g - 1}): **{f["tau"]:.2f}** with the path selector, {f["backbone_tau"]:.2f} with the backbone's argmax.
 
 | step | minutes | train loss | held-out τ |
 |---|---|---|---|
@@ -336,8 +401,12 @@ def add_common_drafter_options(p, d) -> None:
     p.add_argument("--out", default=d.out, help="run directory (default %(default)s)")
     p.add_argument("--export", default=d.export, help="where the drafter goes (default: the package assets)")
     p.add_argument("--target", default=d.target, help="target model directory (default: the shipped one)")
-    p.add_argument("--minutes", type=float, default=d.minutes,
-                   help="whole run: data + training + evaluation + export (default %(default)s)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=d.minutes,
+        help="whole run: data + training + evaluation + export (default %(default)s)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (and OUT's data)")
     p.add_argument("--init-from", default=d.init_from, help="DFlash drafter directory to start the backbone from")
     p.add_argument("--data-from", default=d.data_from, help="reuse the generated data of this run directory")
@@ -357,12 +426,29 @@ def add_common_drafter_options(p, d) -> None:
 
 
 def common_drafter_args(args) -> dict:
-    return dict(out=args.out, export=args.export, target=args.target, minutes=args.minutes, resume=args.resume,
-                init_from=args.init_from, data_from=args.data_from, threads=args.threads, seed=args.seed,
-                layers=args.layers, block_size=args.block_size, decay=args.decay, batch_size=args.batch_size,
-                blocks_per_seq=args.blocks_per_seq, lr=args.lr, gen_frac=args.gen_frac,
-                max_sequences=args.max_sequences, eval_sequences=args.eval_sequences,
-                eval_every_min=args.eval_every, bf16=not args.no_bf16, command=getattr(args, "command_line", ""))
+    return dict(
+        out=args.out,
+        export=args.export,
+        target=args.target,
+        minutes=args.minutes,
+        resume=args.resume,
+        init_from=args.init_from,
+        data_from=args.data_from,
+        threads=args.threads,
+        seed=args.seed,
+        layers=args.layers,
+        block_size=args.block_size,
+        decay=args.decay,
+        batch_size=args.batch_size,
+        blocks_per_seq=args.blocks_per_seq,
+        lr=args.lr,
+        gen_frac=args.gen_frac,
+        max_sequences=args.max_sequences,
+        eval_sequences=args.eval_sequences,
+        eval_every_min=args.eval_every,
+        bf16=not args.no_bf16,
+        command=getattr(args, "command_line", ""),
+    )
 
 
 def add_train_dflash2(sub) -> None:
@@ -378,7 +464,13 @@ def add_train_dflash2(sub) -> None:
 
 
 def run_train_dflash2(args) -> int:
-    train(DFlash2TrainArgs(**common_drafter_args(args), selector_rank=args.selector_rank,
-                           selector_topk=args.selector_topk, selector_weight=args.selector_weight,
-                           path_mode=args.path_mode))
+    train(
+        DFlash2TrainArgs(
+            **common_drafter_args(args),
+            selector_rank=args.selector_rank,
+            selector_topk=args.selector_topk,
+            selector_weight=args.selector_weight,
+            path_mode=args.path_mode,
+        )
+    )
     return 0

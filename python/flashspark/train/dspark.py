@@ -41,8 +41,15 @@ from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rol
 from ..spec.calibration import calibration_report as block_calibration_report
 from ..spec.calibration import expected_calibration_error
 from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target, train_drafter
-from .dflash2 import (add_common_drafter_options, block_targets, common_drafter_args, data_pool, eval_set,
-                      position_weights, setup_run)
+from .dflash2 import (
+    add_common_drafter_options,
+    block_targets,
+    common_drafter_args,
+    data_pool,
+    eval_set,
+    position_weights,
+    setup_run,
+)
 from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
@@ -55,11 +62,11 @@ class DSparkTrainArgs(DFlashTrainArgs):
     init_from: str = ""
     data_from: str = ""
     markov_rank: int = 64
-    target_topk: int = 32          # Top-K of the target's distribution kept for TV and c*
+    target_topk: int = 32  # Top-K of the target's distribution kept for TV and c*
     ce_weight: float = 0.1
     tv_weight: float = 0.9
     conf_weight: float = 1.0
-    calib_sequences: int = 64      # held-out prompts for calibration (disjoint from the evaluation ones)
+    calib_sequences: int = 64  # held-out prompts for calibration (disjoint from the evaluation ones)
 
 
 # ------------------------------------------------------------------- target distributions
@@ -69,14 +76,14 @@ def target_topk(target, tokens: torch.Tensor, k: int, batch: int = 32):
     (ids [N, L, k] int16/int32, logp [N, L, k] fp16); row t is the distribution of token t
     given tokens < t (row 0 is empty: ids 0, logp -inf)."""
     N, L = tokens.shape
-    id_dtype = torch.int16 if target.config.vocab_size <= 2 ** 15 else torch.int32
+    id_dtype = torch.int16 if target.config.vocab_size <= 2**15 else torch.int32
     ids = torch.zeros(N, L, k, dtype=id_dtype)
     logp = torch.full((N, L, k), float("-inf"), dtype=torch.float16)
     for i in range(0, N, batch):
-        lp = torch.log_softmax(target(tokens[i:i + batch, :-1]).logits.float(), -1)
+        lp = torch.log_softmax(target(tokens[i : i + batch, :-1]).logits.float(), -1)
         v, j = lp.topk(k, -1)
-        ids[i:i + batch, 1:] = j.to(id_dtype)
-        logp[i:i + batch, 1:] = v.to(torch.float16)
+        ids[i : i + batch, 1:] = j.to(id_dtype)
+        logp[i : i + batch, 1:] = v.to(torch.float16)
     return ids, logp
 
 
@@ -119,8 +126,7 @@ def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
     return hidden, drafter.logits(hidden)
 
 
-def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights,
-                coefs=(0.1, 0.9, 1.0)):
+def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights, coefs=(0.1, 0.9, 1.0)):
     """0.1·CE + 0.9·TV + 1.0·BCE(conf, 1 − TV), position-weighted, teacher forced.
     p_ids / p_logp [B, L, K]: the target's Top-K per position. Returns (loss, stats)."""
     g = drafter.block_size
@@ -135,9 +141,14 @@ def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p
     w = weights / (weights.sum() * target.shape[0] * target.shape[1])
     parts = [(x * w).sum() for x in (ce, tv, bce)]
     loss = sum(c * x for c, x in zip(coefs, parts))
-    stats = {"ce": parts[0].item(), "tv": parts[1].item(), "bce": parts[2].item(),
-             "acc1": (logits[..., 0, :].argmax(-1) == target[..., 0]).float().mean().item(),
-             "c*": c_star.mean().item(), "conf": torch.sigmoid(z.detach()).mean().item()}
+    stats = {
+        "ce": parts[0].item(),
+        "tv": parts[1].item(),
+        "bce": parts[2].item(),
+        "acc1": (logits[..., 0, :].argmax(-1) == target[..., 0]).float().mean().item(),
+        "c*": c_star.mean().item(),
+        "conf": torch.sigmoid(z.detach()).mean().item(),
+    }
     return loss, stats
 
 
@@ -171,8 +182,13 @@ def evaluate_dspark(drafter: DSparkDrafter, ev: dict, prompt_tokens: int) -> dic
     acc, z = rollout_outcomes(drafter, ev, prompt_tokens)
     prefix = acc.float().cumprod(1).mean(0)
     rep = calibration_report(z, acc, drafter.conf_temperature.float())
-    return {"acceptance": prefix.tolist(), "top1": acc.float().mean(0).tolist(), "tau": 1 + float(prefix.sum()),
-            "blocks": acc.shape[0], "calibration": rep}
+    return {
+        "acceptance": prefix.tolist(),
+        "top1": acc.float().mean(0).tolist(),
+        "tau": 1 + float(prefix.sum()),
+        "blocks": acc.shape[0],
+        "calibration": rep,
+    }
 
 
 # ------------------------------------------------------------------- calibration
@@ -192,7 +208,7 @@ def fit_sequential_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid: t
     temps = []
     eps = 1e-12
     for k in range(z.shape[1]):
-        a = a_prev[None] * torch.sigmoid(z[None, :, k] / grid[:, None])            # [G, N]
+        a = a_prev[None] * torch.sigmoid(z[None, :, k] / grid[:, None])  # [G, N]
         nll = -(y[None, :, k] * torch.log(a + eps) + (1 - y[None, :, k]) * torch.log1p(-a + eps)).mean(-1)
         best = int(torch.argmin(nll))
         temps.append(float(grid[best]))
@@ -211,8 +227,11 @@ def calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: to
     rep = block_calibration_report(conf, num_accepted, torch.full_like(num_accepted, P))
     rep.pop("reliability")
     a, y = conf.cumprod(-1), accepted.double().cumprod(-1)
-    return rep | {"ece_per_position": [expected_calibration_error(a[:, k], y[:, k]) for k in range(P)],
-                  "mean_confidence": a.mean(0).tolist(), "mean_outcome": y.mean(0).tolist()}
+    return rep | {
+        "ece_per_position": [expected_calibration_error(a[:, k], y[:, k]) for k in range(P)],
+        "mean_confidence": a.mean(0).tolist(),
+        "mean_outcome": y.mean(0).tolist(),
+    }
 
 
 def calibration_prompts(a, tok) -> torch.Tensor:
@@ -230,12 +249,19 @@ def calibrate(drafter: DSparkDrafter, calib: dict, ev: dict, prompt_tokens: int)
     ones = torch.ones(drafter.block_size - 1)
     temps = fit_sequential_temperatures(z_c, acc_c)
     drafter.set_calibration(temps)
-    return {"temperatures_fitted": temps.tolist(), "calibration_blocks": int(acc_c.shape[0]),
-            "before": {"calibration_split": calibration_report(z_c, acc_c, ones),
-                       "eval_split": calibration_report(z_e, acc_e, ones)},
-            "after": {"calibration_split": calibration_report(z_c, acc_c, temps),
-                      "eval_split": calibration_report(z_e, acc_e, temps)},
-            "outcome": "temperature 0: draft k accepted iff it equals the target's greedy token"}
+    return {
+        "temperatures_fitted": temps.tolist(),
+        "calibration_blocks": int(acc_c.shape[0]),
+        "before": {
+            "calibration_split": calibration_report(z_c, acc_c, ones),
+            "eval_split": calibration_report(z_e, acc_e, ones),
+        },
+        "after": {
+            "calibration_split": calibration_report(z_c, acc_c, temps),
+            "eval_split": calibration_report(z_e, acc_e, temps),
+        },
+        "outcome": "temperature 0: draft k accepted iff it equals the target's greedy token",
+    }
 
 
 # ------------------------------------------------------------------- train
@@ -243,8 +269,13 @@ def train(a: DSparkTrainArgs) -> dict:
     wall_start = time.time()
     out, log, tok, target = setup_run(a)
     special = data.special_token_ids(tok)
-    config = DSparkConfig.for_target(target.config, num_hidden_layers=a.layers, block_size=a.block_size,
-                                     mask_token_id=special["mask"], markov_rank=a.markov_rank)
+    config = DSparkConfig.for_target(
+        target.config,
+        num_hidden_layers=a.layers,
+        block_size=a.block_size,
+        mask_token_id=special["mask"],
+        markov_rank=a.markov_rank,
+    )
     g = config.block_size
     decay = a.decay or DECAY.get(g, g / 2)
     layer_ids = config.target_layer_ids
@@ -253,13 +284,18 @@ def train(a: DSparkTrainArgs) -> dict:
     if calib_path.is_file():
         calib = torch.load(calib_path)
     else:
-        calib = dict(zip(("tokens", "features", "labels"),
-                         generate_sequences(target, calibration_prompts(a, tok), 128, layer_ids)))
+        calib = dict(
+            zip(
+                ("tokens", "features", "labels"),
+                generate_sequences(target, calibration_prompts(a, tok), 128, layer_ids),
+            )
+        )
         torch.save(calib, calib_path)
     gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
-    p_ids, p_logp = cached_topk(target, pool["tokens"], a.target_topk, out / "data" / f"target_top{a.target_topk}.pt",
-                                log)
+    p_ids, p_logp = cached_topk(
+        target, pool["tokens"], a.target_topk, out / "data" / f"target_top{a.target_topk}.pt", log
+    )
 
     torch.manual_seed(a.seed)
     drafter = DSparkDrafter(config, target, use_ops=False)
@@ -268,11 +304,13 @@ def train(a: DSparkTrainArgs) -> dict:
     if a.init_from and not a.resume:
         base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
         if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
-            raise ValueError(f"--init-from {a.init_from} has block size {base.config.block_size} and "
-                             f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}")
+            raise ValueError(
+                f"--init-from {a.init_from} has block size {base.config.block_size} and "
+                f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}"
+            )
         drafter.load_dflash_backbone(base.state_dict())
         log(f"backbone from {a.init_from}")
-    weights = position_weights(g, decay, first=0)   # exp(-k/γ_d), k = 1..γ-1
+    weights = position_weights(g, decay, first=0)  # exp(-k/γ_d), k = 1..γ-1
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
     def loss_fn(d, feats, tokens, labels, anchors, idx):
@@ -281,10 +319,12 @@ def train(a: DSparkTrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_dspark(d, ev, a.prompt_tokens)
 
-    step, elapsed, history, _ = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log,
-                                           "train dspark")
-    return export(drafter, target, ev, calib, a, config, history, step, elapsed, pool["tokens"].shape, decay,
-                  wall_start, log)
+    step, elapsed, history, _ = train_drafter(
+        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dspark"
+    )
+    return export(
+        drafter, target, ev, calib, a, config, history, step, elapsed, pool["tokens"].shape, decay, wall_start, log
+    )
 
 
 def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_shape, decay, wall_start, log) -> dict:
@@ -295,20 +335,32 @@ def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_s
     shipped = load_dspark(export_dir, target, dtype=torch.float32)
     final = evaluate_dspark(shipped, ev, a.prompt_tokens)
     summary = {
-        "step": step, "train_minutes": elapsed / 60, "wall_minutes": (time.time() - wall_start) / 60,
-        "final": final, "calibration": cal, "history": history, "params": shipped.num_parameters(),
+        "step": step,
+        "train_minutes": elapsed / 60,
+        "wall_minutes": (time.time() - wall_start) / 60,
+        "final": final,
+        "calibration": cal,
+        "history": history,
+        "params": shipped.num_parameters(),
         "head_params": sum(p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_", "conf_"))),
-        "sequences": int(pool_shape[0]), "seq_len": int(pool_shape[1]), "decay": decay,
-        "hardware": hardware_string(), "torch": torch.__version__, "args": asdict(a),
-        "config": dataclasses.asdict(config), "target_params": target.num_parameters(),
+        "sequences": int(pool_shape[0]),
+        "seq_len": int(pool_shape[1]),
+        "decay": decay,
+        "hardware": hardware_string(),
+        "torch": torch.__version__,
+        "args": asdict(a),
+        "config": dataclasses.asdict(config),
+        "target_params": target.num_parameters(),
         "target_layers": target.config.num_hidden_layers,
     }
     data.write_json(Path(a.out) / "summary.json", summary)
     write_model_card(export_dir / "MODEL_CARD.md", summary)
     b, f = cal["before"]["eval_split"], final["calibration"]
-    log(f"exported to {export_dir}: held-out tau {final['tau']:.3f}; eval-split ECE {b['ece_cumulative']:.3f} -> "
+    log(
+        f"exported to {export_dir}: held-out tau {final['tau']:.3f}; eval-split ECE {b['ece_cumulative']:.3f} -> "
         f"{f['ece_cumulative']:.3f}, "
-        f"AUC {b['auc']:.3f} -> {f['auc']:.3f}")
+        f"AUC {b['auc']:.3f} -> {f['auc']:.3f}"
+    )
     return summary
 
 
@@ -316,11 +368,15 @@ def write_model_card(path: Path, s: dict) -> None:
     c, a, f, cal = s["config"], s["args"], s["final"], s["calibration"]
     g = c["block_size"]
     fc = f["calibration"]
-    acc = "\n".join(f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {fc['mean_confidence'][k]:.3f} | "
-                    f"{cal['temperatures_fitted'][k]:.3f} | {cal['before']['eval_split']['ece_per_position'][k]:.3f} | "
-                    f"{fc['ece_per_position'][k]:.3f} |" for k in range(g - 1))
-    rows = "\n".join(f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |"
-                     for r in s["history"])
+    acc = "\n".join(
+        f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {fc['mean_confidence'][k]:.3f} | "
+        f"{cal['temperatures_fitted'][k]:.3f} | {cal['before']['eval_split']['ece_per_position'][k]:.3f} | "
+        f"{fc['ece_per_position'][k]:.3f} |"
+        for k in range(g - 1)
+    )
+    rows = "\n".join(
+        f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
+    )
     bc, ac = cal["before"]["calibration_split"], cal["after"]["calibration_split"]
     be, ae = cal["before"]["eval_split"], cal["after"]["eval_split"]
     text = f"""# flashspark embedded DSpark drafter
@@ -335,31 +391,31 @@ the chance each draft survives verification, calibrated per position
 
 | field | value |
 |---|---|
-| backbone | DFlash: {c['num_hidden_layers']} Qwen3 layers, hidden {c['hidden_size']}, features from target layers {c['target_layer_ids']} of {s['target_layers']} |
-| Markov head | W1 Embedding({c['vocab_size']}, {c['markov_rank']}), W2 Linear({c['markov_rank']}, {c['vocab_size']}) |
+| backbone | DFlash: {c["num_hidden_layers"]} Qwen3 layers, hidden {c["hidden_size"]}, features from target layers {c["target_layer_ids"]} of {s["target_layers"]} |
+| Markov head | W1 Embedding({c["vocab_size"]}, {c["markov_rank"]}), W2 Linear({c["markov_rank"]}, {c["vocab_size"]}) |
 | confidence head | σ(Linear([h_k ; W1[x_(k−1)]]) / T_k) |
 | block size γ | {g} |
-| parameters | {s['params']:,} ({s['head_params']:,} in the heads; target: {s['target_params']:,}) |
+| parameters | {s["params"]:,} ({s["head_params"]:,} in the heads; target: {s["target_params"]:,}) |
 | shipped dtype | bfloat16 |
 
 ## Training
 
 ```
-{a['command'] or 'python -m flashspark train dspark'}
+{a["command"] or "python -m flashspark train dspark"}
 ```
 
-- Hardware: {s['hardware']}; torch {s['torch']}, {a['threads']} threads.
-- Data: {s['sequences']:,} target-generated sequences of {s['seq_len']} tokens{f" (reused from {a['data_from']})" if a['data_from'] else ''}; the target's
-  Top-{a['target_topk']} distribution at every position.
-- Backbone{f" started from {a['init_from']}" if a['init_from'] else ' from scratch'}; {s['step']:,} steps of
-  {a['batch_size']} sequences × {a['blocks_per_seq']} anchors. Loss {a['ce_weight']:g}·CE + {a['tv_weight']:g}·TV +
-  {a['conf_weight']:g}·BCE(c, 1 − TV), weighted exp(−k/{s['decay']:g}), teacher forced.
-- Training time {s['train_minutes']:.1f} min; wall time {s['wall_minutes']:.1f} min.
+- Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
+- Data: {s["sequences"]:,} target-generated sequences of {s["seq_len"]} tokens{f" (reused from {a['data_from']})" if a["data_from"] else ""}; the target's
+  Top-{a["target_topk"]} distribution at every position.
+- Backbone{f" started from {a['init_from']}" if a["init_from"] else " from scratch"}; {s["step"]:,} steps of
+  {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss {a["ce_weight"]:g}·CE + {a["tv_weight"]:g}·TV +
+  {a["conf_weight"]:g}·BCE(c, 1 − TV), weighted exp(−k/{s["decay"]:g}), teacher forced.
+- Training time {s["train_minutes"]:.1f} min; wall time {s["wall_minutes"]:.1f} min.
 
 ## Held-out acceptance and confidence (temperature 0)
 
 Shipped bf16 weights computed in fp32; greedy Markov drafts at every position of
-the greedy continuations of {a['eval_sequences']} held-out code prompts ({f['blocks']:,} blocks).
+the greedy continuations of {a["eval_sequences"]} held-out code prompts ({f["blocks"]:,} blocks).
 "accepted" = drafts 1..k all equal the target's greedy tokens; "confidence" = mean
 calibrated a_k = ∏ c_i; ECE of a_k before/after calibration on this evaluation split.
 
@@ -367,15 +423,15 @@ calibrated a_k = ∏ c_i; ECE of a_k before/after calibration on this evaluation
 |---|---|---|---|---|---|---|
 {acc}
 
-τ (K = {g - 1}): **{f['tau']:.2f}**.
+τ (K = {g - 1}): **{f["tau"]:.2f}**.
 
-Calibration ({cal['calibration_blocks']:,} blocks of {a['calib_sequences']} other held-out prompts): ECE of the
+Calibration ({cal["calibration_blocks"]:,} blocks of {a["calib_sequences"]} other held-out prompts): ECE of the
 cumulative product over all positions, AUC of c_k against the conditional outcome:
 
 | split | ECE before | ECE after | AUC before | AUC after |
 |---|---|---|---|---|
-| calibration | {bc['ece_cumulative']:.4f} | {ac['ece_cumulative']:.4f} | {bc['auc']:.3f} | {ac['auc']:.3f} |
-| evaluation | {be['ece_cumulative']:.4f} | {ae['ece_cumulative']:.4f} | {be['auc']:.3f} | {ae['auc']:.3f} |
+| calibration | {bc["ece_cumulative"]:.4f} | {ac["ece_cumulative"]:.4f} | {bc["auc"]:.3f} | {ac["auc"]:.3f} |
+| evaluation | {be["ece_cumulative"]:.4f} | {ae["ece_cumulative"]:.4f} | {be["auc"]:.3f} | {ae["auc"]:.3f} |
 
 | step | minutes | train loss | held-out τ |
 |---|---|---|---|
@@ -397,6 +453,12 @@ def add_train_dspark(sub) -> None:
 
 
 def run_train_dspark(args) -> int:
-    train(DSparkTrainArgs(**common_drafter_args(args), markov_rank=args.markov_rank, target_topk=args.target_topk,
-                          calib_sequences=args.calib_sequences))
+    train(
+        DSparkTrainArgs(
+            **common_drafter_args(args),
+            markov_rank=args.markov_rank,
+            target_topk=args.target_topk,
+            calib_sequences=args.calib_sequences,
+        )
+    )
     return 0

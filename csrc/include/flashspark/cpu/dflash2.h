@@ -68,7 +68,8 @@ struct RowProjection {
     strips = (J + 15) / 16;
     buf.assign(size_t(strips) * C * 16, 0.f);
     for (int32_t j = 0; j < J; ++j)
-      for (int32_t c = 0; c < C; ++c) buf[(size_t(j / 16) * C + c) * 16 + j % 16] = to_float(weight[int64_t(j) * C + c]);
+      for (int32_t c = 0; c < C; ++c)
+        buf[(size_t(j / 16) * C + c) * 16 + j % 16] = to_float(weight[int64_t(j) * C + c]);
     w = buf.data();
   }
 
@@ -98,8 +99,8 @@ struct RowProjection {
 // The CUDA kernel sums the same products.
 template <bool kLeft, bool kRes>
 static inline void two_tap_group16(float d0, float d1, const float* __restrict b0, const float* __restrict b1,
-                                   const float* __restrict x, const float* __restrict left,
-                                   const float* __restrict res, float* __restrict y) {
+                                   const float* __restrict x, const float* __restrict left, const float* __restrict res,
+                                   float* __restrict y) {
 #pragma omp simd
   for (int32_t j = 0; j < kConvGroup; ++j) {
     float v = (b0[j] + d0) * x[j];
@@ -130,11 +131,15 @@ FS_CPU_CLONES static void two_tap_row_impl(int32_t C, int32_t G, const float* ba
 inline void two_tap_row(int32_t C, int32_t G, const float* base, const float* d, const float* __restrict x,
                         const float* __restrict left, const float* __restrict res, float* __restrict y) {
   if (left) {
-    if (res) two_tap_row_impl<true, true>(C, G, base, d, x, left, res, y);
-    else two_tap_row_impl<true, false>(C, G, base, d, x, left, res, y);
+    if (res)
+      two_tap_row_impl<true, true>(C, G, base, d, x, left, res, y);
+    else
+      two_tap_row_impl<true, false>(C, G, base, d, x, left, res, y);
   } else {
-    if (res) two_tap_row_impl<false, true>(C, G, base, d, x, left, res, y);
-    else two_tap_row_impl<false, false>(C, G, base, d, x, left, res, y);
+    if (res)
+      two_tap_row_impl<false, true>(C, G, base, d, x, left, res, y);
+    else
+      two_tap_row_impl<false, false>(C, G, base, d, x, left, res, y);
   }
 }
 
@@ -170,8 +175,7 @@ void two_tap_conv_cpu(const TwoTapParams<T>& p, const ParallelFor& parallel_for)
     for (int64_t tb = t0; tb < t1; tb += 4) {
       const int32_t nr = int32_t(std::min<int64_t>(4, t1 - tb));
       const float* xp[4];
-      for (int32_t r = 0; r < 4; ++r)
-        xp[r] = r < nr ? input_row(tb + r, xr + size_t(r) * C) : xp[0];
+      for (int32_t r = 0; r < 4; ++r) xp[r] = r < nr ? input_row(tb + r, xr + size_t(r) * C) : xp[0];
       if (taps) {  // a row's taps depend on that row only
         taps->apply4(xp, nr, d, J);
       } else {

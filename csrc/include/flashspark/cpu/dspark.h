@@ -28,7 +28,8 @@ void markov_step_cpu(const MarkovParams<T>& p, const ParallelFor& parallel_for) 
     std::vector<float> e(size_t(B) * R), w(R);
     for (int32_t b = 0; b < B; ++b)  // a failed request's previous token is never read
       for (int32_t i = 0; i < R; ++i)
-        e[size_t(b) * R + i] = checked[size_t(b)] == Status::kOk ? to_float(p.w1[int64_t(p.prev_tokens[b]) * R + i]) : 0.f;
+        e[size_t(b) * R + i] =
+            checked[size_t(b)] == Status::kOk ? to_float(p.w1[int64_t(p.prev_tokens[b]) * R + i]) : 0.f;
     std::vector<MarkovPartial> parts(B);
     for (int64_t tile = t0; tile < t1; ++tile) {
       std::fill(parts.begin(), parts.end(), markov_partial_identity());

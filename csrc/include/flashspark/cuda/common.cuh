@@ -17,7 +17,10 @@ __device__ __forceinline__ void load4(const T* row, int64_t base, int64_t n, boo
   if (vec_ok && base + 4 <= n) {
     if constexpr (sizeof(T) == 4) {
       const float4 f = *reinterpret_cast<const float4*>(row + base);
-      v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+      v[0] = f.x;
+      v[1] = f.y;
+      v[2] = f.z;
+      v[3] = f.w;
     } else {
       const uint2 u = *reinterpret_cast<const uint2*>(row + base);
       v[0] = to_float(T{uint16_t(u.x & 0xFFFFu)});

@@ -42,13 +42,13 @@ cudaError_t launch_inject_context_kv(const InjectParams<T>& p, cudaStream_t stre
 constexpr int kAttnWarps = 4;
 constexpr int kAttnRowsPerWarp = 4;
 constexpr int kAttnRows = kAttnWarps * kAttnRowsPerWarp;  // query rows per CTA
-constexpr int kAttnTile = 32;                              // keys per shared-memory tile (one per lane)
+constexpr int kAttnTile = 32;                             // keys per shared-memory tile (one per lane)
 
 inline size_t block_attn_smem_bytes(int32_t head_dim) {
   // q rows [16][D], K tile [32][D+1] (padded: lane-per-key dot products are
   // then bank-conflict free), V tile [32][D]
-  return sizeof(float) * (size_t(kAttnRows) * head_dim + size_t(kAttnTile) * (head_dim + 1) +
-                          size_t(kAttnTile) * head_dim);
+  return sizeof(float) *
+         (size_t(kAttnRows) * head_dim + size_t(kAttnTile) * (head_dim + 1) + size_t(kAttnTile) * head_dim);
 }
 
 template <class T, int kDimPerLane>
@@ -168,10 +168,14 @@ cudaError_t launch_block_diffusion_attention(const BlockAttnParams<T>& p, cudaSt
     return cudaGetLastError();
   }
   cudaError_t e;
-  if (p.head_dim <= 32) e = launch_block_attn_split<T, 1>(p, stream);
-  else if (p.head_dim <= 64) e = launch_block_attn_split<T, 2>(p, stream);
-  else if (p.head_dim <= 128) e = launch_block_attn_split<T, 4>(p, stream);
-  else e = launch_block_attn_split<T, 8>(p, stream);
+  if (p.head_dim <= 32)
+    e = launch_block_attn_split<T, 1>(p, stream);
+  else if (p.head_dim <= 64)
+    e = launch_block_attn_split<T, 2>(p, stream);
+  else if (p.head_dim <= 128)
+    e = launch_block_attn_split<T, 4>(p, stream);
+  else
+    e = launch_block_attn_split<T, 8>(p, stream);
   if (e != cudaSuccess) return e;
   block_attn_combine_kernel<T><<<unsigned(int64_t(p.batch) * p.num_kv_heads * p.rows()), 64, 0, stream>>>(p);
   return cudaGetLastError();

@@ -120,7 +120,8 @@ __global__ void markov_normalize_kernel(MarkovParams<T> p) {
   if (idx >= int64_t(p.batch) * p.vocab) return;
   const int32_t b = int32_t(idx / p.vocab), v = int32_t(idx % p.vocab);
   const float* stats = p.row_stats + int64_t(b) * kMarkovRowStats;
-  const MarkovOutcome o{int32_t(float_to_bits(stats[2])), MarkovQ(int32_t(float_to_bits(stats[3]))), stats[0], stats[1]};
+  const MarkovOutcome o{int32_t(float_to_bits(stats[2])), MarkovQ(int32_t(float_to_bits(stats[3]))), stats[0],
+                        stats[1]};
   p.out_q[idx] = markov_q(o, markov_scale(p, b).inv_t, v, p.out_q[idx]);
 }
 

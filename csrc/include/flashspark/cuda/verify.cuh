@@ -78,8 +78,7 @@ struct VerifyBlockBackend {
       const U32x4 bits = philox_block(seed, position, kPurposeResample, uint32_t(base >> 2));
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (base + j < vocab)
-          race_add(r, q, sm, int32_t(base + j), v[j], gumbel_from_u32(lane(bits, uint32_t(j))));
+        if (base + j < vocab) race_add(r, q, sm, int32_t(base + j), v[j], gumbel_from_u32(lane(bits, uint32_t(j))));
     }
     return broadcast(sh.race, RaceReduce(sh.reduce.race).Reduce(r, RaceMergeOp{}));
   }
