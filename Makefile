@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 MAX_JOBS   ?= 2
 SOURCES    := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: all demo test bench build clean cmake
+.PHONY: all demo test bench build clean cmake lint format
 
 all: test
 
@@ -39,6 +39,19 @@ test: build
 # text, tau, tokens/s and the speedup over plain decoding measured in the same run.
 demo: build
 	$(PY) -m flashspark generate --method dflash --prompt "def read_config(path):" --max-new-tokens 96
+
+# Style: ruff (lint + format) for Python, clang-format for C++/CUDA (configs:
+# pyproject.toml, .clang-format). `make format` applies them.
+CXX_SOURCES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.cpp' 'bench/cpp/*')
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check python tests bench
+	$(VENV)/bin/ruff format --check python tests bench
+	$(VENV)/bin/clang-format --dry-run -Werror $(CXX_SOURCES)
+
+format: $(VENV)/.deps
+	$(VENV)/bin/ruff check --fix python tests bench
+	$(VENV)/bin/ruff format python tests bench
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 bench: build
 	$(PY) bench/verify_bench.py

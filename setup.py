@@ -2,18 +2,23 @@
 
 CPU kernels are always built. CUDA kernels are built when a CUDA toolkit and a
 CUDA build of torch are both present, or when FLASHSPARK_CUDA=1 (FLASHSPARK_CUDA=0
-turns them off). Target architectures come from FLASHSPARK_CUDA_ARCHS
-(default "8.0;9.0a"). Nothing here needs a visible GPU.
+turns them off). Target architectures come from FLASHSPARK_CUDA_ARCHS (e.g. "9.0a"),
+by default from csrc/build.json, which also holds the language standards and the
+compiler flags (shared with CMakeLists.txt). Nothing here needs a visible GPU.
 """
 
 import glob
+import json
 import os
+import re
 
 import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "csrc", "build.json")) as f:
+    BUILD = json.load(f)
 
 
 def build_cuda() -> bool:
@@ -38,18 +43,18 @@ def rel(paths):
 
 
 with_cuda = build_cuda()
-# -fno-trapping-math: no FP trap is ever enabled, so GCC may if-convert and vectorize
-# loops with floating-point selects (values unchanged); CMakeLists.txt uses it too.
-cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-fno-trapping-math"]
+cxx_flags = [f"-std=c++{BUILD['cxx_standard']}", "-fopenmp", *BUILD["cxx_flags"]]
+# torch's arch list spells CMake's "90a" as "9.0a"
+default_archs = ";".join(re.sub(r"^(\d+)(\d)([a-z]?)$", r"\1.\2\3", a) for a in BUILD["cuda_architectures"])
 sources = rel(glob.glob(os.path.join(ROOT, "csrc/torch/*.cpp")))
 if with_cuda:
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("FLASHSPARK_CUDA_ARCHS", "8.0;9.0a"))
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("FLASHSPARK_CUDA_ARCHS", default_archs))
     sources += rel(glob.glob(os.path.join(ROOT, "csrc/kernels/*.cu")))
     ext = CUDAExtension(
         "flashspark._C",
         sources,
         include_dirs=[os.path.join(ROOT, "csrc/include")],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo"]},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": [f"-std=c++{BUILD['cuda_standard']}", *BUILD["cuda_flags"]]},
         extra_link_args=["-fopenmp"],
         define_macros=[("FLASHSPARK_WITH_CUDA", "1")],
     )

@@ -16,8 +16,9 @@ SHIM=$(mktemp -d)
 trap 'rm -rf "$SHIM"' EXIT
 mkdir -p "$SHIM/c10/cuda/impl"
 printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' > "$SHIM/c10/cuda/impl/cuda_cmake_macros.h"
+CXX_STD=$("$PY" -c "import json; print(json.load(open('csrc/build.json'))['cxx_standard'])")
 for src in csrc/torch/*_cuda.cpp; do
   echo "compile check: $src"
-  g++ -std=c++20 -fsyntax-only -DFLASHSPARK_WITH_CUDA=1 -Icsrc/include "${TORCH_INC[@]}" -I"$CUDA_INC" \
+  g++ -std=c++"$CXX_STD" -fsyntax-only -DFLASHSPARK_WITH_CUDA=1 -Icsrc/include "${TORCH_INC[@]}" -I"$CUDA_INC" \
     -idirafter "$SHIM" "$src"
 done
