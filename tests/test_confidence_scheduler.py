@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.spec.calibration import prefix_survival
 from flashspark.spec.confidence import (
     ConfidenceScheduler,
     SPSTable,
     conditional,
-    prefix_survival,
     profile_sps,
     schedule_tokens,
 )

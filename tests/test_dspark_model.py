@@ -1,6 +1,6 @@
 """DSpark drafter: the ops path (markov_step and the DFlash ops) equals the
 reference path, the inference form equals the training form, the Markov and
-confidence heads compute what DESIGN.md says, calibration temperatures, and
+confidence heads compute what the method specifies (docs/dflash2_dspark.md), calibration temperatures, and
 checkpoint I/O."""
 
 import dataclasses

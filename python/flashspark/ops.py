@@ -227,20 +227,20 @@ def _verify_out_fake(
     out_num_accepted,
     status=None,
 ):
-    _one_device(
-        "verify",
-        target_logits=target_logits,
-        draft_tokens=draft_tokens,
-        cu_num_draft=cu_num_draft,
-        draft_probs=draft_probs,
-        draft_probs_ids=draft_probs_ids,
-        temperature=temperature,
-        seeds=seeds,
-        offsets=offsets,
-        out_tokens=out_tokens,
-        out_num_accepted=out_num_accepted,
+    # the inputs as verify checks them, then the output buffers on the same device
+    _verify_fake(
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
         status=status,
     )
+    _one_device("verify", target_logits=target_logits, out_tokens=out_tokens, out_num_accepted=out_num_accepted)
     return None
 
 

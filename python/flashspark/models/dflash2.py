@@ -1,6 +1,6 @@
 """DFlash 2 drafter: the DFlash backbone with two-tap dynamic convs, plus a path selector.
 
-Two patches on DFlash (DESIGN.md §1 "DFlash 2"):
+Two patches on DFlash (docs/dflash2_dspark.md, "DFlash 2 drafter"):
 
 * **Two-tap dynamic depthwise convs** around every attention and MLP sublayer.
   The "prepare" conv runs after the sublayer's norm, the "finish" conv on the
@@ -171,7 +171,7 @@ class PathSelector(nn.Module):
 
 
 class PathSignals(NamedTuple):
-    """Per draft position [B, γ - 1]: what a confidence proxy reads (DESIGN.md §1, the combination)."""
+    """Per draft position [B, γ - 1]: what a confidence proxy reads (README, "The combination")."""
 
     chosen_prob: torch.Tensor  # softmax(score row)[chosen] at T = 1
     margin: torch.Tensor  # score of the chosen candidate minus the best other one (logit units)

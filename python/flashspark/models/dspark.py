@@ -1,6 +1,6 @@
 """DSpark drafter: a DFlash backbone, a Markov head and a confidence head.
 
-DESIGN.md §1 "DSpark":
+DSpark (docs/dflash2_dspark.md, "DSpark drafter"):
 
 * the DFlash backbone gives the base logits U_k of the whole block in one pass;
 * **Markov head** ``logits_k = U_k + W2(W1[x_{k-1}])`` (W1: Embedding(V, r),

@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 
 
-def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
-    """a [..., K] = cumulative product of c [..., K] along the block."""
-    return torch.cumprod(conf, dim=-1)
+def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
+    """a [..., K] = cumulative product of per-token confidences [..., K] clamped into [0, 1], in fp64
+    (non-increasing along K, also in floating point since every factor is <= 1)."""
+    return confidence.double().clamp(0.0, 1.0).cumprod(-1)
 
 
 def outcomes(num_accepted: torch.Tensor, num_verified: torch.Tensor, width: int):

@@ -271,7 +271,8 @@ def run_fit_prior(args) -> int:
 
     from .. import data
     from ..models import load_model
-    from .confidence import ConfidenceStats, prefix_survival
+    from .calibration import prefix_survival
+    from .confidence import ConfidenceStats
     from .methods import PRIOR_FILE, load_proxy, make_decoder
 
     if args.threads:

@@ -1,7 +1,7 @@
 """The DSpark confidence scheduler: how many drafts each request verifies,
 chosen for the whole batch from per-token survival confidences.
 
-DESIGN.md §1 "DSpark", scheduler:
+DSpark's scheduler (docs/dflash2_dspark.md, "Confidence scheduler"):
 
 1. prefix survival ``a_{r,j} = ∏_{i≤j} c_{r,i}`` (the chance that drafts
    1..j of request r are all accepted);
@@ -36,6 +36,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from .calibration import prefix_survival
 
 
 class SPSTable:
@@ -84,12 +86,6 @@ class SPSTable:
     @classmethod
     def from_dict(cls, d: dict) -> "SPSTable":
         return cls(d["tokens"], d["sps"])
-
-
-def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
-    """a [B, K] = cumulative product of per-token confidences [B, K] clamped into [0, 1]
-    (non-increasing along K, also in floating point since every factor is <= 1)."""
-    return confidence.double().clamp(0.0, 1.0).cumprod(-1)
 
 
 def schedule_tokens(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 from .. import data
 from ..models import load_model
 from ..models.dflash import DFlashConfig, DFlashDrafter, block_mask, load_dflash, packed_blocks, save_dflash
+from .common import lr_at
 from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash"
@@ -73,13 +73,6 @@ class DFlashTrainArgs:
     ckpt_every_min: float = 5.0
     eval_sequences: int = 64
     command: str = ""
-
-
-def lr_at(progress: float, a: DFlashTrainArgs) -> float:
-    if progress < a.warmup_frac:
-        return a.lr * progress / a.warmup_frac
-    p = min(1.0, (progress - a.warmup_frac) / (1.0 - a.warmup_frac))
-    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 # ------------------------------------------------------------------- data

@@ -1,7 +1,7 @@
 """Distil the DSpark drafter from the shipped target on CPU, then calibrate its confidences.
 
 Data, anchors, masks and the budgeted loop are the DFlash trainer's
-(`train.dflash.train_drafter`). The loss (DESIGN.md §1 "DSpark"),
+(`train.dflash.train_drafter`). The loss (docs/dflash2_dspark.md, "DSpark drafter"),
 per block position k = 1..γ-1 weighted by exp(-k/γ_d), with teacher forcing
 (x_{k-1} = the true previous token):
 

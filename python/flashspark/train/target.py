@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .. import data
 from ..models import Qwen3Config, Qwen3ForCausalLM, load_model, save_model
+from .common import lr_at
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "target"
 
@@ -56,14 +57,6 @@ class TrainArgs:
     head_dim: int = 64
     max_position_embeddings: int = 2048
     command: str = ""
-
-
-def lr_at(progress: float, a: TrainArgs) -> float:
-    """Linear warmup then cosine decay to min_lr_frac, over training time."""
-    if progress < a.warmup_frac:
-        return a.lr * progress / a.warmup_frac
-    p = min(1.0, (progress - a.warmup_frac) / (1.0 - a.warmup_frac))
-    return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 def get_tokenizer(path: Path):
