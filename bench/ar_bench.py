@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from flashspark import data
-from flashspark.generate import generate
+from flashspark.decoding.plain import generate
 from flashspark.models import load_model
 from flashspark.train.target import hardware_string
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 from flashspark import data
+from flashspark.cli.fit import collect_records
+from flashspark.methods import load_proxy, make_decoder
 from flashspark.models import load_model
-from flashspark.spec.calibration import calibration_report, plot_reliability
-from flashspark.spec.cli import collect_records
-from flashspark.spec.methods import load_proxy, make_decoder
+from flashspark.scheduling.calibration import calibration_report, plot_reliability
 from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -26,7 +26,7 @@ from pathlib import Path
 import e2e_bench
 import torch
 from flashspark import data
-from flashspark.spec.methods import DRAFTERS, parse_method
+from flashspark.methods import DRAFTERS, parse_method
 from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"

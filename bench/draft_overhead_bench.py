@@ -1,6 +1,6 @@
 """What DFlash 2's convs and path selector add to a drafting pass, measured in isolation.
 
-One drafting pass (`spec.loop.draft_block`, temperature 0, backtrack path) of the shipped
+One drafting pass (`decoding.loop.draft_block`, temperature 0, backtrack path) of the shipped
 drafters over a context of --context injected positions, per batch size, four variants
 timed in interleaved rounds on the same cache:
 
@@ -26,11 +26,11 @@ import os
 import statistics
 
 import torch
+from flashspark.decoding.loop import draft_block, draft_dflash_block
+from flashspark.methods import load_method_drafter
 from flashspark.models import dflash2 as dflash2_model
 from flashspark.models.io import load_model
 from flashspark.models.qwen3 import RMSNorm
-from flashspark.spec.loop import draft_block, draft_dflash_block
-from flashspark.spec.methods import load_method_drafter
 from timing import median_time, write_result
 
 

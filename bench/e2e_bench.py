@@ -11,7 +11,7 @@ bench/results/e2e_bench.png.
 
     python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dspark:sched=confidence]
 
-Methods are `ar` or a `flashspark.spec.methods` spec (drafter plus options:
+Methods are `ar` or a `flashspark.methods` spec (drafter plus options:
 `dflash:k=3`, `dflash2:path=sample`, `dspark:sched=confidence,delay=2`).
 Also reports drafts verified per step and the fraction of them rejected
 (wasted verify work).
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 from flashspark import data
-from flashspark.generate import generate
+from flashspark.decoding.plain import generate
+from flashspark.methods import DRAFTERS, load_method_drafter, make_decoder, parse_method
 from flashspark.models import load_model
-from flashspark.spec.methods import DRAFTERS, load_method_drafter, make_decoder, parse_method
 from flashspark.train.target import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -3,9 +3,9 @@
 import math
 
 import torch
+from flashspark.decoding import speculative_generate
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter
-from flashspark.spec import speculative_generate
 
 
 def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:

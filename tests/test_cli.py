@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from flashspark import data
-from flashspark.cli import build_parser, main, unescape
+from flashspark.cli import build_parser, main
+from flashspark.cli.common import unescape
 
 SHIPPED = data.ASSETS_DIR / "target"
 needs_shipped = pytest.mark.skipif(

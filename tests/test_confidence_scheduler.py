@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
-from flashspark.spec.calibration import prefix_survival
-from flashspark.spec.confidence import (
+from flashspark.scheduling.calibration import prefix_survival
+from flashspark.scheduling.confidence import (
     ConfidenceScheduler,
     SPSTable,
     conditional,
@@ -183,9 +183,9 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     scheduler fed by the drafter's confidences (`ScheduleState.confidence`): greedy output
     equals plain decoding, and the scheduler verifies fewer tokens per request than a fixed
     K when confidences are low."""
-    from flashspark.generate import generate
+    from flashspark.decoding import speculative_generate
+    from flashspark.decoding.plain import generate
     from flashspark.models.dspark import DSparkConfig, DSparkDrafter
-    from flashspark.spec import speculative_generate
 
     cfg = Qwen3Config(
         vocab_size=48,

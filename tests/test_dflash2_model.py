@@ -307,21 +307,22 @@ def test_train_subcommands_parse():
     """`train dflash2` / `train dspark` options map onto the trainers' argument dataclasses."""
     import argparse
 
-    from flashspark.train import dflash2 as t2
-    from flashspark.train import dspark as ts
+    from flashspark.cli import train as cli
+    from flashspark.train.dflash2 import DFlash2TrainArgs
+    from flashspark.train.dspark import DSparkTrainArgs
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="what")
-    t2.add_train_dflash2(sub)
-    ts.add_train_dspark(sub)
+    cli.add_train_dflash2(sub)
+    cli.add_train_dspark(sub)
     args = parser.parse_args(["dflash2", "--minutes", "7", "--init-from", "x", "--selector-topk", "8", "--no-bf16"])
-    a = t2.DFlash2TrainArgs(**t2.common_drafter_args(args), selector_topk=args.selector_topk)
+    a = DFlash2TrainArgs(**cli.common_drafter_args(args), selector_topk=args.selector_topk)
     assert (a.minutes, a.init_from, a.selector_topk, a.bf16, a.out) == (7.0, "x", 8, False, "runs/dflash2")
-    assert args.func is t2.run_train_dflash2
+    assert args.func is cli.run_train_dflash2
     args = parser.parse_args(["dspark", "--resume", "--data-from", "runs/dflash", "--markov-rank", "32"])
-    a = ts.DSparkTrainArgs(**t2.common_drafter_args(args), markov_rank=args.markov_rank)
+    a = DSparkTrainArgs(**cli.common_drafter_args(args), markov_rank=args.markov_rank)
     assert (a.resume, a.data_from, a.markov_rank, a.export.endswith("dspark")) == (True, "runs/dflash", 32, True)
-    assert args.func is ts.run_train_dspark
+    assert args.func is cli.run_train_dspark
 
 
 def test_position_weights_and_block_targets():

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from flashspark.spec.calibration import auc, calibration_report, expected_calibration_error, outcomes
-from flashspark.spec.proxy import SIGNALS, ConfidenceProxy
+from flashspark.scheduling.calibration import auc, calibration_report, expected_calibration_error, outcomes
+from flashspark.scheduling.proxy import SIGNALS, ConfidenceProxy
 
 
 def synthetic_blocks(n=6000, width=7, seed=0):

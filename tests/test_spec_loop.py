@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashspark import data, reference
-from flashspark.generate import generate
+from flashspark.decoding import loop, sampling, speculative_generate
+from flashspark.decoding.plain import generate
 from flashspark.models import load_model
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, load_dflash
-from flashspark.spec import FixedK, loop, sampling, speculative_generate
+from flashspark.scheduling import FixedK
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 SHIPPED_TARGET = data.ASSETS_DIR / "target"
@@ -191,12 +192,13 @@ def test_sample_probs_inverse_cdf():
 
 # ----------------------------------------------------------------- CLI glue
 def test_cli_glue_parses_and_generates(capsys, tmp_path):
-    from flashspark.spec import cli as spec_cli
+    from flashspark.cli import generate as spec_cli
+    from flashspark.cli import train as train_cli
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     train_sub = sub.add_parser("train").add_subparsers(dest="what")
-    spec_cli.add_train_dflash(train_sub)
+    train_cli.add_train_dflash(train_sub)
     args = parser.parse_args(["train", "dflash", "--minutes", "5", "--layers", "1", "--resume"])
     assert args.minutes == 5 and args.layers == 1 and args.resume and callable(args.func)
 

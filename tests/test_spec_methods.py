@@ -9,12 +9,13 @@ bugs in the q handed to verify are caught."""
 
 import pytest
 import torch
-from flashspark.generate import generate
+from flashspark.decoding import loop, speculative_generate
+from flashspark.decoding.plain import generate
 from flashspark.models.dflash2 import DFlash2Config, DFlash2Drafter
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter
-from flashspark.spec import FixedK, loop, speculative_generate
-from flashspark.spec.confidence import ConfidenceScheduler, SPSTable
-from flashspark.spec.proxy import ConfidenceProxy
+from flashspark.scheduling import FixedK
+from flashspark.scheduling.confidence import ConfidenceScheduler, SPSTable
+from flashspark.scheduling.proxy import ConfidenceProxy
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -257,7 +258,7 @@ def test_dspark_planted_bug_dense_q_caught(monkeypatch):
 
 # ----------------------------------------------------------------- methods and CLI
 def test_parse_method_and_bad_specs():
-    from flashspark.spec.methods import MethodSpec, parse_method
+    from flashspark.methods import MethodSpec, parse_method
 
     assert parse_method("dflash") == MethodSpec("dflash")
     assert parse_method("dflash:k=3") == MethodSpec("dflash", k=3)
@@ -389,8 +390,8 @@ def test_shipped_drafters_greedy_equal_plain(method, tmp_path, monkeypatch):
     """The shipped DFlash 2 and DSpark drafters with the shipped target: exact at T = 0, and they draft
     (plain=0: the confidence scheduler may not fall back to plain steps, which depend on the machine)."""
     from flashspark import data
+    from flashspark.methods import make_decoder, parse_method
     from flashspark.models import load_model
-    from flashspark.spec.methods import make_decoder, parse_method
 
     if not (data.ASSETS_DIR / parse_method(method).drafter / "model.safetensors").is_file():
         pytest.skip("drafter not shipped")
@@ -449,7 +450,7 @@ def test_wants_draft_follows_mean_confidence_and_load():
 def test_confidence_stats_recalibrate_from_outcomes():
     """ρ_k = observed / predicted survival of the verified slots (shrunk toward 1) scales the
     predictions; unverified slots teach nothing; corrected survivals stay non-increasing in [0, 1]."""
-    from flashspark.spec.confidence import ConfidenceStats
+    from flashspark.scheduling.confidence import ConfidenceStats
 
     st = ConfidenceStats(3)
     survival = torch.tensor([[0.9, 0.8, 0.4]]).expand(100, 3)
@@ -489,7 +490,7 @@ def test_scheduler_prices_steps_by_the_clock(monkeypatch):
     """Steps that take 3x the seconds the table predicts (as when requests finish early and
     leave steps that cost as much but commit less) turn a predicted gain into plain steps;
     steps as fast as predicted keep drafting. Loop iterations are timed between wants_draft calls."""
-    from flashspark.spec import confidence
+    from flashspark.scheduling import confidence
 
     clock = [0.0]
     monkeypatch.setattr(confidence.time, "perf_counter", lambda: clock[0])
@@ -515,7 +516,7 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
     """make_decoder with the confidence scheduler: a first call speculates and learns the
     drafter's confidences; when the tables then say no admission beats plain decoding, later
     batches are decoded plainly (exact, τ = 1); with speculation priced cheap it keeps drafting."""
-    from flashspark.spec import methods
+    from flashspark import methods
 
     target = tiny_target(seed=5)
     d = tiny_dspark(target)

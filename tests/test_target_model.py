@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from flashspark import data
-from flashspark.generate import generate, sample_next
+from flashspark.decoding.plain import generate, sample_next
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM, hf_parameter_names, load_model, save_model
 from safetensors.torch import load_file, save_file
 

@@ -181,7 +181,7 @@ class PathSignals(NamedTuple):
 
     def features(self) -> torch.Tensor:
         """[B, γ - 1, 4] float32: chosen_prob, margin, unary_top1, entropy (the order of
-        `spec.proxy.SIGNALS`; the position is the column index)."""
+        `scheduling.proxy.SIGNALS`; the position is the column index)."""
         return torch.stack([self.chosen_prob, self.margin, self.unary_top1, self.entropy], -1).float()
 
 

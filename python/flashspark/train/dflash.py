@@ -434,7 +434,7 @@ def train_drafter(
 
 def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_len, decay, wall_minutes, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out acceptance and a real speculative run."""
-    from ..spec.loop import speculative_generate
+    from ..decoding.loop import speculative_generate
 
     t0 = time.time()
     export_dir = Path(a.export)

@@ -20,7 +20,7 @@ temperatures T_k, fitted sequentially on a held-out calibration split
 minimizing the log loss of the cumulative product a_k = ∏_{i≤k} σ(z_i / T_i)
 against the cumulative outcome "drafts 1..k all accepted" (temperature 0:
 accepted = equal to the target's greedy token). ECE of a_k and AUC are
-reported before and after (the metrics of `spec.calibration`, shared with the
+reported before and after (the metrics of `scheduling.calibration`, shared with the
 DFlash 2 confidence proxy), on the calibration and the evaluation split, and
 saved with the drafter (`calibration.json`).
 """
@@ -38,13 +38,11 @@ import torch.nn.functional as F
 from .. import data
 from ..models.dflash import block_mask, load_dflash, packed_blocks
 from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
-from ..spec.calibration import calibration_report as block_calibration_report
-from ..spec.calibration import expected_calibration_error
+from ..scheduling.calibration import calibration_report as block_calibration_report
+from ..scheduling.calibration import expected_calibration_error
 from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target, train_drafter
 from .dflash2 import (
-    add_common_drafter_options,
     block_targets,
-    common_drafter_args,
     data_pool,
     eval_set,
     position_weights,
@@ -217,7 +215,7 @@ def fit_sequential_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid: t
 
 
 def calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: torch.Tensor) -> dict:
-    """`spec.calibration.calibration_report` (ECE of the cumulative product, AUC of c_k against the
+    """`scheduling.calibration.calibration_report` (ECE of the cumulative product, AUC of c_k against the
     conditional outcome: the same metrics as the DFlash 2 confidence proxy) of σ(z / T) for blocks
     verified in full, plus the ECE of a_k and the mean a_k and outcome per position.
     z, accepted [N, P]: confidence logits and per-position acceptance."""
@@ -438,27 +436,3 @@ cumulative product over all positions, AUC of c_k against the conditional outcom
 {rows}
 """
     path.write_text(text)
-
-
-# ------------------------------------------------------------------- CLI
-def add_train_dspark(sub) -> None:
-    """`python -m flashspark train dspark ...`"""
-    d = DSparkTrainArgs()
-    p = sub.add_parser("dspark", help="distil the DSpark drafter (Markov + confidence heads) and calibrate it")
-    add_common_drafter_options(p, d)
-    p.add_argument("--markov-rank", type=int, default=d.markov_rank)
-    p.add_argument("--target-topk", type=int, default=d.target_topk)
-    p.add_argument("--calib-sequences", type=int, default=d.calib_sequences)
-    p.set_defaults(func=run_train_dspark)
-
-
-def run_train_dspark(args) -> int:
-    train(
-        DSparkTrainArgs(
-            **common_drafter_args(args),
-            markov_rank=args.markov_rank,
-            target_topk=args.target_topk,
-            calib_sequences=args.calib_sequences,
-        )
-    )
-    return 0

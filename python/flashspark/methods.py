@@ -23,12 +23,19 @@ from pathlib import Path
 
 import torch
 
-from .. import data
-from ..generate import generate
-from .confidence import ConfidenceScheduler, ConfidenceStats, SPSTable, conditional, forward_seconds, profile_sps
-from .loop import PATH_MODES, speculative_generate
-from .proxy import ConfidenceProxy
-from .schedulers import FixedK
+from . import data
+from .decoding.loop import PATH_MODES, speculative_generate
+from .decoding.plain import generate
+from .scheduling.confidence import (
+    ConfidenceScheduler,
+    ConfidenceStats,
+    SPSTable,
+    conditional,
+    forward_seconds,
+    profile_sps,
+)
+from .scheduling.fixed import FixedK
+from .scheduling.proxy import ConfidenceProxy
 
 DRAFTERS = ("dflash", "dflash2", "dspark")
 SCHEDULERS = ("fixed", "confidence")
@@ -94,9 +101,9 @@ def parse_method(text: str) -> MethodSpec:
 
 def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
     """The drafter of a method: `path` or the shipped one."""
-    from ..models.dflash import load_dflash
-    from ..models.dflash2 import load_dflash2
-    from ..models.dspark import load_dspark
+    from .models.dflash import load_dflash
+    from .models.dflash2 import load_dflash2
+    from .models.dspark import load_dspark
 
     loader = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}[name]
     path = Path(path) if path else data.ASSETS_DIR / name

@@ -3,7 +3,7 @@
 A scheduler is any callable `scheduler(state) -> torch.Tensor` returning an
 int64 tensor [B] with values in [0, max_spec_len]; it must return 0 for
 finished requests. `max_spec_len` (an attribute) is the static bound the loop
-sizes its buffers with. The confidence scheduler (spec.confidence) reads
+sizes its buffers with. The confidence scheduler (scheduling.confidence) reads
 DSpark's confidences or, through a confidence proxy, DFlash 2's signals.
 """
 

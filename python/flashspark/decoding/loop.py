@@ -18,13 +18,13 @@ from typing import NamedTuple
 import torch
 
 from .. import ops
-from ..generate import check_prompts
 from ..models.dflash import DFlashDrafter
 from ..models.dflash2 import DFlash2Drafter
 from ..models.dspark import DSparkDrafter
 from ..models.qwen3 import Qwen3ForCausalLM
+from ..scheduling.fixed import FixedK, ScheduleState
+from .plain import check_prompts
 from .sampling import PURPOSE_DRAFT, PURPOSE_RESAMPLE, sample_logits
-from .schedulers import FixedK, ScheduleState
 
 PATH_MODES = ("auto", "backtrack", "greedy", "sample")  # auto: backtrack at temperature 0, else sample
 
@@ -37,7 +37,7 @@ class DraftBlock(NamedTuple):
     prob_ids: torch.Tensor | None = None  # [B, γ-1, K] vocabulary ids of sparse q
     logits: torch.Tensor | None = None  # [B, γ-1, V] DFlash draft logits
     confidence: torch.Tensor | None = None  # [B, γ-1] DSpark's calibrated per-token survival
-    signals: torch.Tensor | None = None  # [B, γ-1, 4] DFlash 2 path-selector signals (spec.proxy.SIGNALS)
+    signals: torch.Tensor | None = None  # [B, γ-1, 4] DFlash 2 path-selector signals (scheduling.proxy.SIGNALS)
     cand_ids: torch.Tensor | None = None  # [B, γ-1, K] DFlash 2 Top-K candidates, best first
 
 

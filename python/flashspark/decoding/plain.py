@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .models.qwen3 import Qwen3ForCausalLM
+from ..models.qwen3 import Qwen3ForCausalLM
 
 
 def sample_next(
@@ -156,7 +156,7 @@ def generate_text(
 ) -> tuple[list[str], dict]:
     """`generate` on text: returns the decoded continuation of each prompt
     (without a final <|endoftext|>) and the stats."""
-    from .data import special_token_ids
+    from ..data import special_token_ids
 
     ids = []
     for i, p in enumerate(prompts):

@@ -1,0 +1,254 @@
+"""Ragged rejection-sampling verification: the `verify` / `verify_out` wrappers, their
+fakes, and the PyTorch implementation (the tests' oracle)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .common import GREEDY_TEMPERATURE, _one_device, _to_int, log_softmax_shifted
+from .philox import PURPOSE_ACCEPT, PURPOSE_RESAMPLE, gumbel, philox_u32, uniform_open01
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+    status: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged rejection-sampling verification of draft tokens (lossless).
+
+    B requests; request b proposes ``n_b = cu_num_draft[b+1] - cu_num_draft[b]``
+    draft tokens (0 <= n_b <= max_spec_len); T = sum n_b; V = vocabulary size.
+
+    Args:
+      target_logits: ``[T + B, V]`` float32, bfloat16 or float16. Request b owns
+        rows ``cu_num_draft[b] + b ... cu_num_draft[b+1] + b``: the target's
+        logits at each of its draft positions, then its bonus row. Rows may be
+        strided (e.g. a slice of a larger buffer). Softmax with temperature is
+        fused into the kernel; probabilities are never materialized.
+      draft_tokens: ``[T]`` int32/int64, flattened over requests.
+      cu_num_draft: ``[B + 1]`` int32/int64 offsets into ``draft_tokens``.
+      temperature: ``[B]`` float32 per-request target temperature, finite and
+        >= 0; below ``GREEDY_TEMPERATURE`` (1e-5) the request is greedy.
+      seeds: ``[B]`` int64 per-request Philox seed.
+      offsets: ``[B]`` int64 per-request stream position. Row k of request b
+        draws at position ``offsets[b] + k``; advance it by at least
+        ``max_spec_len + 1`` between calls so no draw is ever reused.
+      max_spec_len: static bound on n_b (at most ``MAX_SPEC_LEN``); fixes the output width.
+      draft_probs: the drafter's q. ``None``: the draft was deterministic (q is
+        one-hot at the draft token). ``[T, V]`` float32: dense q. ``[T, K]``
+        float32 together with ``draft_probs_ids``: sparse q over K candidate ids.
+      draft_probs_ids: ``[T, K]`` int32/int64 candidate ids for sparse q. An id
+        listed twice counts with the sum of its probabilities.
+      status: optional ``[B]`` int32 output: 0, or the code of what failed the
+        request (see :func:`raise_on_status`). A failed request emits nothing: its
+        ``tokens`` row is all -1 and ``num_accepted`` is -1.
+
+    Every row the walk reads must hold finite logits or -inf, with at least one
+    finite (NaN, +inf or an all -inf row fail the request); softmax is computed
+    as ``(x - max) / T``, so no finite logit overflows at any temperature.
+
+    Returns:
+      ``(tokens, num_accepted)``: ``tokens`` is ``[B, max_spec_len + 1]`` int32
+      holding the accepted draft tokens, then the correction token (sampled from
+      norm(max(p - q, 0)) at the first rejection) or the bonus token (sampled
+      from p when all n_b drafts pass), then -1. ``num_accepted`` is ``[B]``
+      int32; request b emits ``num_accepted[b] + 1`` tokens.
+
+    At temperature 0 a draft is accepted while it equals the target argmax and
+    the target argmax is emitted at the first mismatch (ties: lowest id).
+    """
+    return torch.ops.flashspark.verify(
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
+        status=status,
+    )
+
+
+def verify_out(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    out_tokens: torch.Tensor,
+    out_num_accepted: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+    status: Optional[torch.Tensor] = None,
+) -> None:
+    """:func:`verify` writing into preallocated, contiguous int32 outputs
+    ``out_tokens [B, max_spec_len + 1]`` and ``out_num_accepted [B]``, as an
+    engine does with persistent buffers inside a captured CUDA graph."""
+    torch.ops.flashspark.verify_out(
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
+        out_tokens=out_tokens,
+        out_num_accepted=out_num_accepted,
+        status=status,
+    )
+
+
+@torch.library.register_fake("flashspark::verify")
+def _verify_fake(
+    target_logits,
+    draft_tokens,
+    cu_num_draft,
+    draft_probs,
+    draft_probs_ids,
+    temperature,
+    seeds,
+    offsets,
+    max_spec_len,
+    *,
+    status=None,
+):
+    _one_device(
+        "verify",
+        target_logits=target_logits,
+        draft_tokens=draft_tokens,
+        cu_num_draft=cu_num_draft,
+        draft_probs=draft_probs,
+        draft_probs_ids=draft_probs_ids,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        status=status,
+    )
+    batch = cu_num_draft.shape[0] - 1
+    return (
+        target_logits.new_empty((batch, max_spec_len + 1), dtype=torch.int32),
+        target_logits.new_empty((batch,), dtype=torch.int32),
+    )
+
+
+@torch.library.register_fake("flashspark::verify_out")
+def _verify_out_fake(
+    target_logits,
+    draft_tokens,
+    cu_num_draft,
+    draft_probs,
+    draft_probs_ids,
+    temperature,
+    seeds,
+    offsets,
+    max_spec_len,
+    *,
+    out_tokens,
+    out_num_accepted,
+    status=None,
+):
+    # the inputs as verify checks them, then the output buffers on the same device
+    _verify_fake(
+        target_logits,
+        draft_tokens,
+        cu_num_draft,
+        draft_probs,
+        draft_probs_ids,
+        temperature,
+        seeds,
+        offsets,
+        max_spec_len,
+        status=status,
+    )
+    _one_device("verify", target_logits=target_logits, out_tokens=out_tokens, out_num_accepted=out_num_accepted)
+    return None
+
+
+def verify_reference(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    cu_num_draft: torch.Tensor,
+    *,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: Optional[torch.Tensor] = None,
+    draft_probs_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle of :func:`flashspark.ops.verify` (same arguments and outputs)."""
+    logits = target_logits.detach().float().cpu()
+    tokens = draft_tokens.detach().long().cpu()
+    cu = cu_num_draft.detach().long().cpu()
+    vocab = logits.shape[1]
+    batch = cu.numel() - 1
+    out = torch.full((batch, max_spec_len + 1), -1, dtype=torch.int32)
+    num_accepted = torch.zeros(batch, dtype=torch.int32)
+    vocab_ids = torch.arange(vocab)
+    for b in range(batch):
+        lo, hi = int(cu[b]), int(cu[b + 1])
+        n = hi - lo
+        rows = logits[lo + b : hi + b + 1]
+        temp = float(temperature[b])
+        seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
+        if temp < GREEDY_TEMPERATURE:
+            target = rows.argmax(dim=-1)  # first maximum on ties
+            k = 0
+            while k < n and int(target[k]) == int(tokens[lo + k]):
+                k += 1
+            out[b, :k] = tokens[lo : lo + k].int()
+            out[b, k] = int(target[k])
+            num_accepted[b] = k
+            continue
+        logp = log_softmax_shifted(rows, temp)
+        emitted = None
+        k = 0
+        for k in range(n):
+            x = int(tokens[lo + k])
+            q = torch.zeros(vocab)
+            if draft_probs is None:
+                q[x] = 1.0
+            elif draft_probs_ids is None:
+                q = draft_probs[lo + k].detach().float().cpu()
+            else:
+                ids = draft_probs_ids[lo + k].detach().long().cpu()
+                probs = draft_probs[lo + k].detach().float().cpu()
+                q.index_add_(0, ids, probs)  # an id listed twice counts with the sum of its probabilities
+            p_x = logp[k, x].exp()
+            u = uniform_open01(philox_u32(seed, offset + k, PURPOSE_ACCEPT, 0))
+            if u * q[x] < p_x:
+                out[b, k] = x
+                continue
+            g = gumbel(philox_u32(seed, offset + k, PURPOSE_RESAMPLE, vocab_ids))
+            residual = torch.clamp(logp[k].exp() - q, min=0.0)
+            key = torch.where(q > 0, torch.log(residual), logp[k]) + g
+            if torch.isneginf(key).all():  # p == q: residual empty, fall back to p
+                key = logp[k] + g
+            emitted = int(key.argmax())
+            break
+        else:
+            k = n
+        if emitted is None:
+            g = gumbel(philox_u32(seed, offset + n, PURPOSE_RESAMPLE, vocab_ids))
+            emitted = int((logp[n] + g).argmax())
+        out[b, k] = emitted
+        num_accepted[b] = k
+    device = target_logits.device
+    return out.to(device), num_accepted.to(device)
