@@ -1,6 +1,6 @@
 """What DFlash 2's convs and path selector add to a drafting pass, measured in isolation.
 
-One drafting pass (`decoding.loop.draft_block`, temperature 0, backtrack path) of the shipped
+One drafting pass (`drafter.propose`, temperature 0, backtrack path) of the shipped
 drafters over a context of --context injected positions, per batch size, four variants
 timed in interleaved rounds on the same cache:
 
@@ -26,9 +26,9 @@ import os
 import statistics
 
 import torch
-from flashspark.decoding.loop import draft_block, draft_dflash_block
 from flashspark.methods import load_method_drafter
 from flashspark.models import dflash2 as dflash2_model
+from flashspark.models.dflash import DFlashDrafter
 from flashspark.models.io import load_model
 from flashspark.models.qwen3 import RMSNorm
 from timing import median_time, write_result
@@ -70,10 +70,10 @@ def bench_batch(dflash2, dflash, batch, context, rounds, repeats):
     cache2, cache1 = primed_cache(dflash2, batch, context, 0), primed_cache(dflash, batch, context, 0)
 
     def pass_of(drafter, cache):
-        return lambda: draft_block(drafter, cache, anchor, lens, temperature, seeds, offsets, "auto", False)
+        return lambda: drafter.propose(cache, anchor, lens, temperature, seeds, offsets, "auto", False)
 
     def backbone():  # DFlash's draft (head, argmax at temperature 0) on DFlash 2's backbone
-        return draft_dflash_block(dflash2, cache2, anchor, lens, temperature, seeds, offsets)
+        return DFlashDrafter.propose(dflash2, cache2, anchor, lens, temperature, seeds, offsets)
 
     variants = {
         "dflash2": (pass_of(dflash2, cache2), False),

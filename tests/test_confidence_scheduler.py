@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.scheduling import Scheduler
 from flashspark.scheduling.calibration import prefix_survival
 from flashspark.scheduling.confidence import (
     ConfidenceScheduler,
@@ -220,13 +221,15 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     sched = ConfidenceScheduler(4, SPSTable(tokens, [1.0 / (1 + 0.1 * t) for t in tokens]))
     chosen = []
 
-    def recording(state):
-        k = sched(state)
-        chosen.append(k[state.active])
-        return k
+    class Recording(Scheduler):
+        max_spec_len = 4
 
-    recording.max_spec_len = 4
-    got, stats = speculative_generate(target, d, prompts, max_new_tokens=24, scheduler=recording)
+        def plan(self, state):
+            k = sched(state)
+            chosen.append(k[state.active])
+            return k
+
+    got, stats = speculative_generate(target, d, prompts, max_new_tokens=24, scheduler=Recording())
     assert got == want
     k = torch.cat(chosen).float()
     # The per-token cost keeps K below 4 on average, and K varies.

@@ -144,7 +144,7 @@ def test_propose_ops_equal_reference(mode):
     with torch.no_grad():
         hidden = target(tokens, hidden_layers=d_op.config.target_layer_ids).hidden
         outs = [
-            d.propose(
+            d.select_paths(
                 fill_cache(d, hidden, ctx), anchor, ctx, mode=mode, temperature=temp, seeds=seeds, offsets=offsets
             )
             for d in (d_op, d_ref)
@@ -178,8 +178,8 @@ def test_propose_sampling_defaults(use_ops):
     anchor = tokens.gather(1, ctx[:, None])[:, 0]
     with torch.no_grad():
         cache = fill_cache(d, target(tokens, hidden_layers=d.config.target_layer_ids).hidden, ctx)
-        got = d.propose(cache, anchor, ctx, mode="sample")
-        want = d.propose(
+        got = d.select_paths(cache, anchor, ctx, mode="sample")
+        want = d.select_paths(
             cache,
             anchor,
             ctx,
@@ -188,7 +188,7 @@ def test_propose_sampling_defaults(use_ops):
             seeds=torch.zeros(B, dtype=torch.int64),
             offsets=torch.zeros(B, dtype=torch.int64),
         )
-        other_seed = d.propose(
+        other_seed = d.select_paths(
             cache,
             anchor,
             ctx,
@@ -233,7 +233,7 @@ def test_backtrack_path_is_max_score():
     with torch.no_grad():
         hidden = target(tokens, hidden_layers=d.config.target_layer_ids).hidden
         cache = fill_cache(d, hidden, ctx)
-        drafts, cand, _, _ = d.propose(cache, anchor, ctx, mode="backtrack")
+        drafts, cand, _, _ = d.select_paths(cache, anchor, ctx, mode="backtrack")
         h = d.draft_hidden(cache, anchor, ctx)[:, 1:]
         cand2, unary, gg = d.lattice(h)
     K = cand.shape[-1]

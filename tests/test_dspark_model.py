@@ -75,9 +75,9 @@ def test_propose_ops_equal_reference():
     _, _, ctx, cache, anchor = setup(d, target)
     temp, seeds, offs = torch.tensor([1.0, 0.0, 0.6]), torch.tensor([3, 4, 5]), torch.tensor([0, 7, 100])
     d.set_calibration([0.5, 1.0, 2.0, 3.0])
-    got = d.propose(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
+    got = d.draft_markov(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
     d.use_ops = False
-    want = d.propose(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
+    want = d.draft_markov(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
     assert torch.equal(got[0], want[0]) and got[0].shape == (3, 4)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-5)
@@ -93,7 +93,7 @@ def test_inference_form_equals_training_form():
     tokens, hidden, ctx, cache, anchor = setup(d, target)
     temps = torch.tensor([1.0, 0.5, 2.0, 1.5])
     d.set_calibration(temps)
-    drafts, _, conf = d.propose(cache, anchor, ctx)
+    drafts, _, conf = d.draft_markov(cache, anchor, ctx)
     g = d.block_size
     with torch.no_grad():
         bt, pos = packed_blocks(tokens, ctx[:, None], g, 1)
@@ -109,7 +109,7 @@ def test_draft_logits_follow_the_greedy_chain():
     target = tiny_target()
     d = tiny_dspark(target)
     _, _, ctx, cache, anchor = setup(d, target)
-    drafts, _, conf = d.propose(cache, anchor, ctx)
+    drafts, _, conf = d.draft_markov(cache, anchor, ctx)
     logits = d.draft_logits(cache, anchor, ctx)
     assert logits.shape == (3, 4, VOCAB) and torch.equal(logits.argmax(-1), drafts)
     torch.testing.assert_close(d.last_confidence, conf)
@@ -123,12 +123,12 @@ def test_markov_head_conditions_on_previous_draft():
     d = tiny_dspark(target, markov=False)
     _, _, ctx, cache, anchor = setup(d, target)
     base = d.draft_logits(cache, anchor, ctx).argmax(-1)
-    drafts, _, conf = d.propose(cache, anchor, ctx)
+    drafts, _, conf = d.draft_markov(cache, anchor, ctx)
     assert torch.equal(drafts, base)
     torch.testing.assert_close(conf, torch.full_like(conf, 0.5), atol=0.05, rtol=0)  # conf head near 0 at init
     d2 = tiny_dspark(target, markov=True)
     d2.load_state_dict(d.state_dict() | {k: v for k, v in d2.state_dict().items() if k.startswith("markov_")})
-    assert not torch.equal(d2.propose(cache, anchor, ctx)[0], base)
+    assert not torch.equal(d2.draft_markov(cache, anchor, ctx)[0], base)
     # The heads by hand for one request and position.
     h = d2.draft_hidden(cache, anchor, ctx)[:, 1:]
     with torch.no_grad():
@@ -158,7 +158,7 @@ def test_dflash_backbone_start():
     d.load_dflash_backbone(base.state_dict())
     _, _, ctx, cache, anchor = setup(d, target)
     _, _, _, cache_b, _ = setup(base, target)
-    assert torch.equal(d.propose(cache, anchor, ctx)[0], base.draft_logits(cache_b, anchor, ctx).argmax(-1))
+    assert torch.equal(d.draft_markov(cache, anchor, ctx)[0], base.draft_logits(cache_b, anchor, ctx).argmax(-1))
     with pytest.raises(ValueError, match="missing backbone"):
         d.load_dflash_backbone({"fc.weight": base.fc.weight})
 
@@ -178,7 +178,7 @@ def test_calibration_validation_and_round_trip(tmp_path):
     assert dataclasses.replace(d2.config, torch_dtype="x") == dataclasses.replace(d.config, torch_dtype="x")
     torch.testing.assert_close(d2.conf_temperature, d.conf_temperature)
     _, _, ctx, cache, anchor = setup(d, target)
-    a, b = d.propose(cache, anchor, ctx), d2.propose(cache, anchor, ctx)
+    a, b = d.draft_markov(cache, anchor, ctx), d2.draft_markov(cache, anchor, ctx)
     assert torch.equal(a[0], b[0])
     torch.testing.assert_close(a[2], b[2])
 

@@ -8,11 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flashspark import data, reference
-from flashspark.decoding import loop, sampling, speculative_generate
+from flashspark.decoding import speculative_generate
 from flashspark.decoding.plain import generate
+from flashspark.models import dflash as dflash_model
 from flashspark.models import load_model
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, load_dflash
-from flashspark.scheduling import FixedK
+from flashspark.ops import sampling
+from flashspark.scheduling import FixedK, Scheduler
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 
 SHIPPED_TARGET = data.ASSETS_DIR / "target"
@@ -78,7 +80,7 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     assert st_eos["iterations"] > st_eos["steps"] / len(prompts)
 
 
-class RaggedK:
+class RaggedK(Scheduler):
     """Request b verifies (b + step) % 4 drafts: exercises the ragged verify path."""
 
     max_spec_len = 4
@@ -86,7 +88,7 @@ class RaggedK:
     def __init__(self):
         self.step = 0
 
-    def __call__(self, state):
+    def plan(self, state):
         self.step += 1
         k = (torch.arange(len(state.active)) + self.step) % 5
         return k * state.active
@@ -150,7 +152,7 @@ def test_sampled_distribution_catches_planted_bug(monkeypatch):
         tokens, probs = real(logits, temperature, seeds, positions, purpose, want_probs)
         return tokens, (torch.softmax(logits, -1) if probs is not None else None)
 
-    monkeypatch.setattr(loop, "sample_logits", buggy)
+    monkeypatch.setattr(dflash_model, "sample_logits", buggy)  # where DFlash's propose samples its drafts
     prompt = [3, 5, 2]
     p = exact_joint(target, prompt, 3, 0.6)
     counts = spec_joint(target, drafter, prompt, 3, 0.6, samples=12000)

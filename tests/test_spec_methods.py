@@ -9,11 +9,11 @@ bugs in the q handed to verify are caught."""
 
 import pytest
 import torch
-from flashspark.decoding import loop, speculative_generate
+from flashspark.decoding import speculative_generate
 from flashspark.decoding.plain import generate
 from flashspark.models.dflash2 import DFlash2Config, DFlash2Drafter
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter
-from flashspark.scheduling import FixedK
+from flashspark.scheduling import FixedK, Scheduler
 from flashspark.scheduling.confidence import ConfidenceScheduler, SPSTable
 from flashspark.scheduling.proxy import ConfidenceProxy
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
@@ -63,13 +63,13 @@ def tiny_dspark(target, block_size=5, seed=1, scale=5.0) -> DSparkDrafter:
     return d
 
 
-class RaggedK:
+class RaggedK(Scheduler):
     """Request b verifies (b + step) % (K + 1) drafts."""
 
     def __init__(self, k):
         self.max_spec_len, self.step = k, 0
 
-    def __call__(self, state):
+    def plan(self, state):
         self.step += 1
         return (torch.arange(len(state.active)) + self.step) % (self.max_spec_len + 1) * state.active
 
@@ -109,7 +109,7 @@ def test_dflash2_backtrack_drafts_are_the_selectors_best_path():
         bs, ts = torch.tensor(rows).T
         d.inject(cache, hidden[bs, ts], ts, bs)
         z = torch.zeros(4)
-        blk = loop.draft_block(d, cache, torch.tensor([5, 6, 7, 8]), lens, z, z.long(), z.long(), path)
+        blk = d.propose(cache, torch.tensor([5, 6, 7, 8]), lens, z, z.long(), z.long(), path)
         assert blk.probs is None and blk.signals.shape == (4, 4, 4)
         blocks[path] = blk.tokens
     assert not torch.equal(blocks["backtrack"], blocks["greedy"])
@@ -140,11 +140,11 @@ def test_dflash2_proxy_scheduler_greedy_and_online_updates():
     ks = []
     real = sched.__call__
 
-    class Recording:
+    class Recording(Scheduler):
         max_spec_len = 4
         wants_signals = sched.wants_signals
 
-        def __call__(self, state):
+        def plan(self, state):
             k = real(state)
             ks.append(k[state.active])
             return k
@@ -162,8 +162,7 @@ def test_dflash2_proxy_scheduler_greedy_and_online_updates():
     assert int(rec["num_verified"].sum()) == st["drafts_verified"]
     # Fixed K needs no signals: the loop skips them (and the proxy scheduler asks for them).
     assert sched.wants_signals and not getattr(FixedK(4), "wants_signals", False)
-    blk = loop.draft_block(
-        d,
+    blk = d.propose(
         d.new_cache(1, 16),
         torch.tensor([3]),
         torch.tensor([0]),
@@ -228,21 +227,21 @@ def test_dspark_sampled_distribution_matches_target():
     assert chi_square_ok(counts, p) and marginal_tv_ok(counts, p)
 
 
-def _planted(monkeypatch, corrupt):
-    real = loop.draft_block
+def _planted(monkeypatch, drafter, corrupt):
+    real = drafter.propose
 
     def buggy(*a, **kw):
         blk = real(*a, **kw)
         return blk._replace(probs=corrupt(blk))
 
-    monkeypatch.setattr(loop, "draft_block", buggy)
+    monkeypatch.setattr(drafter, "propose", buggy)
 
 
 def test_dflash2_planted_bug_sparse_q_caught(monkeypatch):
     """q over the K candidates handed to verify in the wrong order (ids no longer match)."""
     target = small_target()
     d = tiny_dflash2(target, block_size=4, topk=4, seed=6, scale=8.0)
-    _planted(monkeypatch, lambda blk: blk.probs.flip(-1))
+    _planted(monkeypatch, d, lambda blk: blk.probs.flip(-1))
     p = exact_joint(target, PROMPT, N, 1.0)
     assert not chi_square_ok(spec_joint(target, d, PROMPT, N, 1.0, samples=SAMPLES, path="sample"), p)
 
@@ -251,7 +250,7 @@ def test_dspark_planted_bug_dense_q_caught(monkeypatch):
     """Verify told the first Markov step's q for every position (ignores the chain)."""
     target = small_target()
     d = tiny_dspark(target, block_size=4, seed=6, scale=8.0)
-    _planted(monkeypatch, lambda blk: blk.probs[:, :1].expand_as(blk.probs).contiguous())
+    _planted(monkeypatch, d, lambda blk: blk.probs[:, :1].expand_as(blk.probs).contiguous())
     p = exact_joint(target, PROMPT, N, 0.8)
     assert not chi_square_ok(spec_joint(target, d, PROMPT, N, 0.8, samples=SAMPLES), p)
 

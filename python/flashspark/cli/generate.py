@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..decoding.loop import PATH_MODES
 from ..methods import DRAFTERS, SCHEDULERS
+from ..models.dflash2 import PATH_MODES
 from .common import load_tokenizer, read_prompts
 
 GENERATE_METHODS = ["ar", *DRAFTERS]

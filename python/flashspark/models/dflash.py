@@ -37,7 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
+from ..ops.sampling import PURPOSE_DRAFT, sample_logits
 from .config import Qwen3Config
+from .drafter import DraftBlock
 from .qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, RMSNorm, apply_rope
 
 WEIGHTS_NAME = "model.safetensors"
@@ -363,6 +365,18 @@ class DFlashDrafter(nn.Module):
     def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
         """[B, gamma - 1, V] float32 logits of block positions 1..gamma-1."""
         return self.logits(self.draft_hidden(cache, anchor, ctx_lens)[:, 1:])
+
+    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
+        """Draft γ-1 tokens per request after `anchor`, drawing at Philox positions offsets + 0 .. γ-2.
+
+        DFlash: one parallel pass, each position sampled from its own logits (q dense). Any
+        DFlash-shaped drafter runs it (a DFlash 2 drafter: its backbone with DFlash's head).
+        `path` and `signals` are DFlash 2's; other drafters ignore them.
+        """
+        logits = self.draft_logits(cache, anchor, ctx_lens)
+        positions = offsets[:, None] + torch.arange(self.block_size - 1, device=anchor.device)
+        tokens, q = sample_logits(logits, temperature, seeds, positions, PURPOSE_DRAFT, want_probs=True)
+        return DraftBlock(tokens, q, logits=logits)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

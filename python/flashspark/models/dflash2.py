@@ -39,8 +39,10 @@ from torch import nn
 
 from .. import ops, reference
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
+from .drafter import DraftBlock
 from .qwen3 import Qwen3ForCausalLM, Qwen3MLP, RMSNorm
 
+PATH_MODES = ("auto", "backtrack", "greedy", "sample")  # auto: backtrack at temperature 0, else sample
 CONV_GROUP = reference.CONV_GROUP  # channels sharing one dynamic tap (fixed by the op)
 # The ops' overloads, called without the wrappers' Python frames on the drafting path.
 _two_tap_conv = torch.ops.flashspark.two_tap_conv.default
@@ -267,7 +269,29 @@ class DFlash2Drafter(DFlashDrafter):
         return ids, values - lse[..., None], (self.selector.w_h(hidden) if with_g else None)
 
     @torch.no_grad()
-    def propose(
+    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
+        """Draft a block through the Top-K lattice and the path selector. `sample` paths carry
+        sparse q over the K candidates; deterministic paths (`backtrack`, `greedy`, and every
+        path at temperature 0) are verified as one-hot drafts; `auto` = backtrack at
+        temperature 0, else sample. `signals=False` skips the path signals that only a
+        confidence proxy reads."""
+        if path not in PATH_MODES:
+            raise ValueError(f"path must be one of {PATH_MODES}, got {path!r}")
+        sampling = bool((temperature > 0).any())
+        mode = ("sample" if sampling else "backtrack") if path == "auto" else path
+        mode = mode if (mode != "sample" or sampling) else "greedy"
+        tokens, cand_ids, q, sig = self.select_paths(
+            cache, anchor, ctx_lens, mode=mode, temperature=temperature, seeds=seeds, offsets=offsets, signals=signals
+        )
+        return DraftBlock(
+            tokens,
+            q,
+            cand_ids if q is not None else None,
+            signals=None if sig is None else sig.features(),
+            cand_ids=cand_ids,
+        )
+
+    def select_paths(
         self,
         cache: DFlashCache,
         anchor: torch.Tensor,

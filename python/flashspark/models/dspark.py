@@ -28,6 +28,7 @@ from torch import nn
 
 from .. import ops, reference
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
+from .drafter import DraftBlock
 from .qwen3 import Qwen3ForCausalLM
 
 CALIBRATION_NAME = "calibration.json"
@@ -87,7 +88,14 @@ class DSparkDrafter(DFlashDrafter):
 
     # ------------------------------------------------------------ inference form
     @torch.no_grad()
-    def propose(
+    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
+        """Draft a block with the Markov head's serial chain: q dense when any request samples
+        (one-hot drafts otherwise), and the calibrated confidences. `path` and `signals` are
+        DFlash 2's and ignored here."""
+        tokens, q, conf = self.draft_markov(cache, anchor, ctx_lens, temperature, seeds, offsets)
+        return DraftBlock(tokens, q if bool((temperature > 0).any()) else None, confidence=conf)
+
+    def draft_markov(
         self,
         cache: DFlashCache,
         anchor: torch.Tensor,

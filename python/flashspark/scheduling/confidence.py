@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .base import Scheduler
 from .calibration import prefix_survival
 
 
@@ -227,7 +228,7 @@ def conditional(mean_survival: torch.Tensor) -> torch.Tensor:
     return (mean_survival / prev.clamp(min=1e-12)).clamp(0.0, 1.0)
 
 
-class ConfidenceScheduler:
+class ConfidenceScheduler(Scheduler):
     """Scheduler for the speculative loop (`spec.schedulers` interface): call it with the
     step's `ScheduleState`; it reads per-token confidences [B, γ - 1] from
     `state.confidence` and returns int64 [B] in [0, max_spec_len].
@@ -344,7 +345,7 @@ class ConfidenceScheduler:
         """(sum of measured / predicted step seconds, steps timed): the `step_prior` of a later batch."""
         return self._step_ratio[0], self._step_ratio[1]
 
-    def __call__(self, state) -> torch.Tensor:
+    def plan(self, state) -> torch.Tensor:
         conf = self.confidence_fn(state) if self.confidence_fn is not None else getattr(state, "confidence", None)
         if conf is None:
             raise ValueError("ConfidenceScheduler needs per-token confidences (ScheduleState.confidence)")

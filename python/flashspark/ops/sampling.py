@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import PURPOSE_DRAFT, PURPOSE_RESAMPLE, philox4x32_10, uniform_open01
+from .philox import PURPOSE_DRAFT, PURPOSE_RESAMPLE, philox4x32_10, uniform_open01
 
 __all__ = ["PURPOSE_DRAFT", "PURPOSE_RESAMPLE", "philox_uniform", "sample_probs", "sample_logits"]
 
