@@ -65,20 +65,8 @@ def speculative_generate(
     seeds = (seed << 32) + torch.arange(B, device=device)
     ar, rows_b = torch.arange(g, device=device), torch.arange(B, device=device)
 
-    # 1. Prefill the target (ragged prompts, right-padded), sample the first token, inject
-    #    the prompt's context features into the drafter cache (padding is never read).
-    lens = torch.tensor([len(p) for p in prompts], device=device)
-    P = int(lens.max())
-    tokens = torch.zeros(B, P, dtype=torch.int64, device=device)
-    for b, p in enumerate(prompts):
-        tokens[b, : len(p)] = torch.tensor(p, device=device)
-    # Room for a finished request's last commit (up to g past max_new_tokens) plus a block of junk past it.
-    tcache, dcache = target.new_cache(B, P + max_new_tokens + 2 * g), drafter.new_cache(B, P + max_new_tokens + 2 * g)
-    out = target(tokens, tcache, torch.zeros_like(lens), lens, hidden_layers=layers)
-    first = out.logits[rows_b, lens - 1][:, None]
-    anchor = sample_logits(first, temp, seeds, torch.zeros(B, 1, dtype=torch.int64, device=device), PURPOSE_RESAMPLE)[0]
-    anchor = anchor[:, 0]
-    drafter.inject(dcache, out.hidden.flatten(0, 1), ar.new_tensor(range(P)).repeat(B), rows_b.repeat_interleave(P))
+    # 1. Prefill the target, sample the first token, inject the prompt's features into the drafter cache.
+    tcache, dcache, lens, anchor = prefill(target, drafter, prompts, max_new_tokens + 2 * g, temp, seeds)
     out_buf = torch.zeros(B, max_new_tokens + 2 * g, dtype=torch.int64, device=device)
     out_buf[:, 0] = anchor
     n_out = torch.ones(B, dtype=torch.int64, device=device)
@@ -118,14 +106,7 @@ def speculative_generate(
         if drafted:
             scheduler.observe(block, n_acc, k_b)
         stats.step(block, drafted, vtokens, n_acc, k_b, live)
-        n_emit = n_acc + 1
-        out_buf.scatter_(1, n_out[:, None] + ar[: K + 1], vtokens)  # columns past n_out + n_emit: overwritten later
-        if eos_id is not None:
-            hit = (vtokens == eos_id) & (ar[: K + 1] < n_emit[:, None])
-            n_emit = torch.where(hit.any(1), hit.long().argmax(1) + 1, n_emit)
-            active &= ~hit.any(1)
-        n_out += n_emit * live
-        active &= n_out < max_new_tokens
+        n_out, active = emit(out_buf, n_out, active, vtokens, n_acc, live, eos_id, max_new_tokens)
         # 7. Inject the committed tokens' features (anchor + accepted drafts: rows 0..n_acc at lens ..).
         #    All w + 1 rows are written; rejected ones sit past the new ctx_len and get overwritten.
         positions = (lens[:, None] + ar[: w + 1]).flatten()
@@ -139,6 +120,45 @@ def speculative_generate(
 
     outputs = [row[:n] for row, n in zip(out_buf.tolist(), n_out.clamp(max=max_new_tokens).tolist())]
     return outputs, stats.result(outputs)
+
+
+def prefill(target, drafter, prompts, room: int, temp, seeds):
+    """Prefill the target on the ragged prompts (right-padded), sample each request's first
+    token at Philox position 0, and inject the prompts' context features into a new drafter
+    cache (padded positions hold junk features that are never read and get overwritten).
+    Both caches get `room` positions past the longest prompt. Returns (target cache,
+    drafter cache, prompt lengths [B], first tokens [B])."""
+    device = seeds.device
+    B = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    P = int(lens.max())
+    tokens = torch.zeros(B, P, dtype=torch.int64, device=device)
+    for b, p in enumerate(prompts):
+        tokens[b, : len(p)] = torch.tensor(p, device=device)
+    tcache, dcache = target.new_cache(B, P + room), drafter.new_cache(B, P + room)
+    out = target(tokens, tcache, torch.zeros_like(lens), lens, hidden_layers=drafter.config.target_layer_ids)
+    rows = torch.arange(B, device=device)
+    first = out.logits[rows, lens - 1][:, None]
+    anchor = sample_logits(first, temp, seeds, torch.zeros(B, 1, dtype=torch.int64, device=device), PURPOSE_RESAMPLE)[0]
+    drafter.inject(
+        dcache, out.hidden.flatten(0, 1), torch.arange(P, device=device).repeat(B), rows.repeat_interleave(P)
+    )
+    return tcache, dcache, lens, anchor[:, 0]
+
+
+def emit(out_buf, n_out, active, vtokens, n_acc, live, eos_id, max_new_tokens):
+    """Append each live request's accepted drafts and correction / bonus token (n_acc + 1
+    tokens) to its output, cut at EOS (included); a request stops at EOS or max_new_tokens.
+    Returns (tokens out per request, still active)."""
+    n_emit = n_acc + 1
+    cols = torch.arange(vtokens.shape[1], device=vtokens.device)
+    out_buf.scatter_(1, n_out[:, None] + cols, vtokens)  # columns past n_out + n_emit: overwritten later
+    if eos_id is not None:
+        hit = (vtokens == eos_id) & (cols < n_emit[:, None])
+        n_emit = torch.where(hit.any(1), hit.long().argmax(1) + 1, n_emit)
+        active = active & ~hit.any(1)
+    n_out = n_out + n_emit * live
+    return n_out, active & (n_out < max_new_tokens)
 
 
 def ragged_rows(
