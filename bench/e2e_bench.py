@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from flashspark import data
 from flashspark.decoding.plain import generate
-from flashspark.methods import DRAFTERS, load_method_drafter, make_decoder, parse_method
+from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method
 from flashspark.models import load_model
 from flashspark.train.target import hardware_string
 
@@ -56,7 +56,8 @@ def make_methods(args, target) -> dict:
         spec = parse_method(text)
         if spec.drafter not in drafters:
             drafters[spec.drafter] = load_method_drafter(spec.drafter, target, dirs[spec.drafter])
-        methods[text] = make_decoder(spec, target, drafters[spec.drafter], drafter_dir=dirs[spec.drafter])
+        drafter_dir = drafter_dir_of(spec.drafter, dirs[spec.drafter])  # its proxy and scheduler prior
+        methods[text] = make_decoder(spec, target, drafters[spec.drafter], drafter_dir=drafter_dir)
     return methods
 
 

@@ -8,8 +8,8 @@ One place for what the CLI and the benchmarks both need:
     dflash2:sched=confidence        DFlash 2 + confidence proxy + DSpark's scheduler
     dspark:sched=confidence,delay=2 DSpark with its own head, confidences two steps old
 
-`make_decoder(spec, target)` returns decode(prompts, max_new_tokens,
-temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
+`Decoder(spec, target)` (or `make_decoder`) decodes with a method:
+decoder(prompts, max_new_tokens, temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
 table of the running machine (`profile_sps`, cached on disk), with the rest
 of a step's measured time (drafting, verify, commit) added, so that
 Θ = τ · SPS(T) prices whole steps.
@@ -26,6 +26,9 @@ import torch
 from . import data
 from .decoding.loop import PATH_MODES, speculative_generate
 from .decoding.plain import generate
+from .models.dflash import load_dflash
+from .models.dflash2 import load_dflash2
+from .models.dspark import load_dspark
 from .scheduling.confidence import (
     ConfidenceScheduler,
     ConfidenceStats,
@@ -37,7 +40,9 @@ from .scheduling.confidence import (
 from .scheduling.fixed import FixedK
 from .scheduling.proxy import ConfidenceProxy
 
-DRAFTERS = ("dflash", "dflash2", "dspark")
+# The drafter registry: a new drafter is its model file plus one line here.
+LOADERS = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}
+DRAFTERS = tuple(LOADERS)
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
 PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confidence stats per temperature
@@ -99,19 +104,18 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(name, **kw)
 
 
-def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
-    """The drafter of a method: `path` or the shipped one."""
-    from .models.dflash import load_dflash
-    from .models.dflash2 import load_dflash2
-    from .models.dspark import load_dspark
+def drafter_dir_of(name: str, path: str | Path | None = None) -> Path:
+    """Where a method's drafter lives (with its proxy and scheduler prior): `path`, or the shipped one."""
+    return Path(path) if path else data.ASSETS_DIR / name
 
-    loader = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}[name]
-    path = Path(path) if path else data.ASSETS_DIR / name
+
+def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
+    """The drafter of a method, from `drafter_dir_of(name, path)`."""
+    path = drafter_dir_of(name, path)
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"no {name} drafter at {path}: train one with `python -m flashspark train {name}`")
-    drafter = loader(path, target, use_ops=use_ops)
+    drafter = LOADERS[name](path, target, use_ops=use_ops)
     drafter.head_dtype = drafter_head_dtype(target)
-    drafter.source_dir = path  # where its proxy and scheduler prior live
     return drafter
 
 
@@ -186,9 +190,6 @@ def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
     }
 
 
-_SPS: dict = {}
-
-
 def forward_seconds_now(
     target, batch_size: int, tokens_per_request: int, hidden_layers=None, context_len: int = 64
 ) -> float:
@@ -207,57 +208,69 @@ def forward_seconds_now(
 def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int = 3) -> tuple[SPSTable, SPSTable]:
     """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
     step's other work, measured in the loop), and the target forward alone (a plain decode
-    step at T = batch size); profiled once per process and batch size (the forward's table
-    also on disk)."""
-    key = (id(target), id(drafter), batch_size, path)
-    if key not in _SPS:
-        layers = drafter.config.target_layer_ids
-        forward = profile_sps(target, batch_size, hidden_layers=layers)
-        # Whatever a real step costs beyond the profiled forward of its γ tokens per request
-        # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
-        # per-step overhead of every speculative step. Measured as a ratio to the same forward
-        # timed right after, median of `rounds`: a shared machine's slow spells then cancel
-        # instead of landing in the overhead (one slow measurement once priced a batch size out).
-        g = drafter.block_size
-        ratios = [
-            measured_step_seconds(target, drafter, batch_size, path)
-            / forward_seconds_now(target, batch_size, g, layers)
-            for _ in range(rounds)
-        ]
-        overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
-        _SPS[key] = forward.with_overhead(overhead), forward
-    return _SPS[key]
+    step at T = batch size). The forward's table is cached on disk (`profile_sps`); a
+    `Decoder` keeps the pair per batch size."""
+    layers = drafter.config.target_layer_ids
+    forward = profile_sps(target, batch_size, hidden_layers=layers)
+    # Whatever a real step costs beyond the profiled forward of its γ tokens per request
+    # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
+    # per-step overhead of every speculative step. Measured as a ratio to the same forward
+    # timed right after, median of `rounds`: a shared machine's slow spells then cancel
+    # instead of landing in the overhead (one slow measurement once priced a batch size out).
+    g = drafter.block_size
+    ratios = [
+        measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, g, layers)
+        for _ in range(rounds)
+    ]
+    overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
+    return forward.with_overhead(overhead), forward
 
 
-def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None):
-    """decode(prompts, max_new_tokens, temperature, seed, eos_id=None, record=False) -> (outputs, stats)
-    for a method. `decode.prepare(batch_size, temperature)` does the one-off work of a confidence
-    scheduler (SPS profiling, proxy loading) so that timed calls do not pay for it."""
-    spec = parse_method(spec) if isinstance(spec, str) else spec
-    drafter = drafter or load_method_drafter(spec.drafter, target, drafter_dir)
-    # A drafter's proxy and scheduler prior sit in its directory (a drafter built in memory has none).
-    prior_dir = drafter_dir or getattr(drafter, "source_dir", None)
-    k_max = drafter.block_size - 1 if spec.k is None else spec.k
-    proxies: dict[float, ConfidenceProxy] = {}  # one per temperature, kept (and updated) across calls
+class Decoder:
+    """A method ready to decode: `decoder(prompts, max_new_tokens, temperature, seed, eos_id=None,
+    record=False) -> (outputs, stats)`. It owns everything its schedulers learn and reuse: the
+    step-rate tables per batch size, the confidence proxy per temperature (updated online
+    across calls), the confidence stats per temperature (the shipped prior plus every batch
+    since) and the measured step costs. `prepare(batch_size, temperature)` does a confidence
+    scheduler's one-off work (SPS profiling, proxy loading) ahead of any timed call."""
 
-    def scheduler_for(
-        batch_size: int,
-        temperature: float,
-        prior: ConfidenceStats | None = None,
-        step_prior: tuple[float, int] | None = None,
-    ):
+    def __init__(self, spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None):
+        self.spec = parse_method(spec) if isinstance(spec, str) else spec
+        self.target = target
+        # A drafter's proxy and scheduler prior sit in its directory; one built in memory and
+        # passed without a directory has none.
+        self.drafter_dir = Path(drafter_dir) if drafter_dir else None
+        if drafter is None:
+            self.drafter_dir = drafter_dir_of(self.spec.drafter, drafter_dir)
+            drafter = load_method_drafter(self.spec.drafter, target, self.drafter_dir)
+        self.drafter = drafter
+        self.k_max = drafter.block_size - 1 if self.spec.k is None else self.spec.k
+        self.proxies: dict[float, ConfidenceProxy] = {}
+        self.priors: dict[float, ConfidenceStats | None] = {}
+        self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
+        self.sps: dict[int, tuple[SPSTable, SPSTable]] = {}  # per batch size: (speculative, plain) step rates
+
+    def prepare(self, batch_size: int, temperature: float) -> None:
+        self.scheduler_for(batch_size, temperature)
+
+    def scheduler_for(self, batch_size: int, temperature: float, prior=None, step_prior=None):
+        spec, drafter = self.spec, self.drafter
         if spec.scheduler == "fixed":
-            return FixedK(k_max)
+            return FixedK(self.k_max)
         source = None
         if spec.drafter == "dflash2":
-            if temperature not in proxies:
-                proxies[temperature] = load_proxy(
-                    prior_dir or data.ASSETS_DIR / "dflash2", temperature, device=next(drafter.parameters()).device
+            if temperature not in self.proxies:
+                self.proxies[temperature] = load_proxy(
+                    self.drafter_dir or data.ASSETS_DIR / "dflash2",
+                    temperature,
+                    device=next(drafter.parameters()).device,
                 )
-            source = proxies[temperature].for_scheduler(online=spec.online)
-        spec_sps, plain_sps = step_sps(target, drafter, batch_size, spec.path)
+            source = self.proxies[temperature].for_scheduler(online=spec.online)
+        if batch_size not in self.sps:
+            self.sps[batch_size] = step_sps(self.target, drafter, batch_size, spec.path)
+        spec_sps, plain_sps = self.sps[batch_size]
         return ConfidenceScheduler(
-            k_max,
+            self.k_max,
             spec_sps,
             delay=spec.delay,
             confidence_fn=source,
@@ -268,31 +281,30 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
             time_steps=True,
         )
 
-    # Per temperature: the confidence stats (mean survival, online recalibration) of the shipped
-    # prior and earlier calls. A batch is decoded plainly when MIN_PRIOR_ROWS rows of them say
-    # speculation cannot pay at its size.
-    priors: dict[float, ConfidenceStats | None] = {}
-    confident_method = spec.scheduler == "confidence"
-    step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
-
-    def decode(prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
-        if temperature not in priors:
-            priors[temperature] = load_prior(prior_dir, temperature) if confident_method and prior_dir else None
-        prior = priors[temperature]
-        scheduler = scheduler_for(len(prompts), temperature, prior, step_costs.get(len(prompts)))
+    def __call__(self, prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
+        spec, B = self.spec, len(prompts)
+        # Per temperature: the confidence stats of the shipped prior and earlier calls. A batch is
+        # decoded plainly when MIN_PRIOR_ROWS rows of them say speculation cannot pay at its size.
+        if temperature not in self.priors:
+            confident_method = spec.scheduler == "confidence"
+            self.priors[temperature] = (
+                load_prior(self.drafter_dir, temperature) if confident_method and self.drafter_dir else None
+            )
+        prior = self.priors[temperature]
+        scheduler = self.scheduler_for(B, temperature, prior, self.step_costs.get(B))
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
         if (
             confident
             and not record
             and prior is not None
             and prior.rows >= scheduler.min_rows
-            and not scheduler.expects_gain(conditional(prior.mean_survival()), len(prompts))
+            and not scheduler.expects_gain(conditional(prior.mean_survival()), B)
         ):
             # Speculation is not expected to pay at this load: decode the batch plainly.
-            return _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id)
+            return _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
         out, stats = speculative_generate(
-            target,
-            drafter,
+            self.target,
+            self.drafter,
             prompts,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -303,10 +315,11 @@ def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str 
             record=record,
         )
         if confident and scheduler.stats is not None:
-            priors[temperature] = scheduler.stats  # the prior plus this batch
-            step_costs[len(prompts)] = scheduler.step_cost_totals()
+            self.priors[temperature] = scheduler.stats  # the prior plus this batch
+            self.step_costs[B] = scheduler.step_cost_totals()
         return out, stats
 
-    decode.spec, decode.drafter = spec, drafter
-    decode.prepare = scheduler_for  # (batch_size, temperature): profile / load ahead of any timing
-    return decode
+
+def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None) -> Decoder:
+    """The `Decoder` of a method (see there)."""
+    return Decoder(spec, target, drafter, drafter_dir)
