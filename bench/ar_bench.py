@@ -21,7 +21,7 @@ import torch
 from flashspark import data
 from flashspark.decoding.plain import generate
 from flashspark.models import load_model
-from flashspark.train.target import hardware_string
+from flashspark.train.common import hardware_string
 
 
 def run(args) -> dict:

@@ -26,7 +26,7 @@ from flashspark.cli.fit import collect_records
 from flashspark.methods import load_proxy, make_decoder
 from flashspark.models import load_model
 from flashspark.scheduling.calibration import calibration_report, plot_reliability
-from flashspark.train.target import hardware_string
+from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -27,7 +27,7 @@ import e2e_bench
 import torch
 from flashspark import data
 from flashspark.methods import DRAFTERS, parse_method
-from flashspark.train.target import hardware_string
+from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMBO = "dflash2:sched=confidence"

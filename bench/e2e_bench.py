@@ -32,7 +32,7 @@ from flashspark import data
 from flashspark.decoding.plain import generate
 from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method
 from flashspark.models import load_model
-from flashspark.train.target import hardware_string
+from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence"]

@@ -326,7 +326,7 @@ def test_train_subcommands_parse():
 
 
 def test_position_weights_and_block_targets():
-    from flashspark.train.dflash2 import block_targets, position_weights
+    from flashspark.train.common import block_targets, position_weights
 
     torch.testing.assert_close(position_weights(4, 2.0), torch.exp(-torch.tensor([0.0, 1.0, 2.0]) / 2))
     torch.testing.assert_close(position_weights(4, 2.0, first=0), torch.exp(-torch.tensor([1.0, 2.0, 3.0]) / 2))

@@ -60,7 +60,7 @@ def run_train_target(args) -> int:
 
 def add_train_dflash(train_sub) -> None:
     """`python -m flashspark train dflash ...`"""
-    from ..train.dflash import DFlashTrainArgs
+    from ..train.common import DFlashTrainArgs
 
     d = DFlashTrainArgs()
     p = train_sub.add_parser("dflash", help="distil the DFlash drafter from the target")
@@ -100,7 +100,8 @@ def add_train_dflash(train_sub) -> None:
 
 
 def run_train_dflash(args) -> int:
-    from ..train.dflash import DFlashTrainArgs, train
+    from ..train.common import DFlashTrainArgs
+    from ..train.dflash import train
 
     a = DFlashTrainArgs(
         out=args.out,

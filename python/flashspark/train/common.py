@@ -1,8 +1,26 @@
-"""What every trainer shares: the learning-rate schedule over training time."""
+"""What every trainer shares: the learning-rate schedule, the hardware string of model cards,
+and for the drafters the args, the data pool of target continuations (generated within a
+budget, resumable), the budgeted training loop with checkpoints, and the block targets."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import data
+from ..models import load_model
+from ..models.dflash import DFlashDrafter, block_mask, packed_blocks
 
 
 def lr_at(progress: float, a) -> float:
@@ -12,3 +30,398 @@ def lr_at(progress: float, a) -> float:
         return a.lr * progress / a.warmup_frac
     p = min(1.0, (progress - a.warmup_frac) / (1.0 - a.warmup_frac))
     return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def hardware_string() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}"
+
+
+DECAY = {8: 4.0, 10: 5.0, 16: 7.0}  # gamma_d of the DFlash paper per block size
+
+
+@dataclass
+class DFlashTrainArgs:
+    out: str = "runs/dflash"
+    export: str = str(data.ASSETS_DIR / "dflash")
+    target: str = str(data.ASSETS_DIR / "target")
+    minutes: float = 50.0  # whole run: data generation + training + evaluation + export
+    gen_frac: float = 0.3  # share of the budget spent generating target continuations
+    max_sequences: int = 8192  # cap on generated sequences (memory: ~0.65 MB each)
+    export_reserve_min: float = 2.5
+    resume: bool = False
+    threads: int = 2
+    seed: int = 0
+    layers: int = 2
+    block_size: int = 8
+    decay: float = 0.0  # gamma_d; 0 = the paper's value for the block size
+    prompt_tokens: int = 64
+    gen_tokens: int = 192
+    gen_batch: int = 128
+    batch_size: int = 16  # sequences per step
+    blocks_per_seq: int = 32  # random anchors per sequence
+    min_anchor: int = 16
+    lr: float = 2e-3
+    min_lr_frac: float = 0.05
+    warmup_frac: float = 0.03
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    bf16: bool = True
+    init_layers: bool = False  # start the decoder layers from the target's top layers
+    eval_every_min: float = 5.0
+    ckpt_every_min: float = 5.0
+    eval_sequences: int = 64
+    command: str = ""
+
+
+@torch.no_grad()
+def generate_sequences(target, prompts: torch.Tensor, gen_tokens: int, layer_ids: list[int]):
+    """Greedy continuations of prompts [B, P] with the target's features.
+
+    Returns tokens [B, P + G] int64, features [B, P + G - 1, n, D] bf16 (the
+    target's hidden states at every fed position) and labels [B, P + G] int64:
+    labels[t] = the target's greedy token for position t given tokens < t
+    (labels[0] = -1). In the continuation labels equal the tokens.
+    """
+    B, P = prompts.shape
+    cache = target.new_cache(B, P + gen_tokens)
+    lens = torch.zeros(B, dtype=torch.int64)
+    out = target(prompts, cache, lens, torch.full((B,), P), hidden_layers=layer_ids)
+    feats = [out.hidden.to(torch.bfloat16)]
+    preds = [out.logits.argmax(-1)]
+    tokens = [prompts]
+    nxt = preds[-1][:, -1:]
+    ones = torch.ones(B, dtype=torch.int64)
+    for i in range(gen_tokens - 1):
+        tokens.append(nxt)
+        out = target(nxt, cache, torch.full((B,), P + i), ones, hidden_layers=layer_ids)
+        feats.append(out.hidden.to(torch.bfloat16))
+        nxt = out.logits.argmax(-1)
+        preds.append(nxt)
+    tokens.append(nxt)
+    labels = torch.cat([torch.full((B, 1), -1, dtype=torch.int64)] + preds, 1)
+    return torch.cat(tokens, 1), torch.cat(feats, 1), labels
+
+
+def random_prompts(ids: np.ndarray, n: int, length: int, rng: np.random.Generator) -> torch.Tensor:
+    starts = rng.integers(0, len(ids) - length, size=n)
+    return torch.from_numpy(np.stack([ids[s : s + length] for s in starts]).astype(np.int64))
+
+
+def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float, out: Path, log) -> dict:
+    """Generate sequences for `seconds` (or until max_sequences), saved in out/data."""
+    from tqdm import tqdm
+
+    ddir = out / "data"
+    ddir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([a.seed, 1])
+    pool, t0, n, n_chunks = None, time.time(), 0, 0
+    bar = tqdm(total=round(seconds), unit="s", desc="generate", dynamic_ncols=True, mininterval=5)
+    while time.time() - t0 < seconds and n + a.gen_batch <= a.max_sequences:
+        prompts = random_prompts(train_ids, a.gen_batch, a.prompt_tokens, rng)
+        chunk = dict(
+            zip(("tokens", "features", "labels"), generate_sequences(target, prompts, a.gen_tokens, layer_ids))
+        )
+        path = ddir / f"chunk_{n_chunks:04d}.pt"
+        torch.save(chunk, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+        pool = _append(pool, chunk, n, a.max_sequences)
+        n += a.gen_batch
+        n_chunks += 1
+        bar.update(min(round(seconds), round(time.time() - t0)) - bar.n)
+        bar.set_postfix(sequences=n, refresh=False)
+    bar.close()
+    gen_seconds = time.time() - t0
+    (ddir / "done.json").write_text(json.dumps({"chunks": n_chunks, "sequences": n, "seconds": gen_seconds}))
+    log(f"generated {n} sequences of {a.prompt_tokens}+{a.gen_tokens} tokens in {gen_seconds / 60:.1f} min")
+    return {k: v[:n] for k, v in pool.items()} | {"gen_seconds": gen_seconds}
+
+
+def load_pool(out: Path) -> dict | None:
+    ddir = out / "data"
+    done = ddir / "done.json"
+    if not done.is_file():
+        return None
+    meta = json.loads(done.read_text())
+    pool, n = None, 0
+    for i in range(meta["chunks"]):
+        chunk = torch.load(ddir / f"chunk_{i:04d}.pt")
+        pool = _append(pool, chunk, n, meta["sequences"])
+        n += chunk["tokens"].shape[0]
+    return pool | {"gen_seconds": meta["seconds"]}
+
+
+def _append(pool: dict | None, chunk: dict, n: int, capacity: int) -> dict:
+    """Copy a chunk into preallocated pool tensors (no concatenation peak)."""
+    if pool is None:
+        pool = {k: v.new_empty((capacity,) + v.shape[1:]) for k, v in chunk.items()}
+    for k, v in chunk.items():
+        pool[k][n : n + v.shape[0]] = v
+    return pool
+
+
+def sample_anchors(n_seq: int, blocks: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """[n_seq, blocks] anchors uniform in [lo, hi]."""
+    return torch.randint(lo, hi + 1, (n_seq, blocks), generator=gen)
+
+
+def init_from_target(drafter: DFlashDrafter, target, layers: bool = False) -> None:
+    """The final norm feeds the target's LM head: start it at the target's final
+    norm so the first logits have the target's scale. Optionally copy the
+    target's top decoder layers into the drafter's (same shapes)."""
+    with torch.no_grad():
+        drafter.norm.weight.copy_(target.model.norm.weight)
+        if layers:
+            n = len(drafter.layers)
+            for mine, theirs in zip(drafter.layers, target.model.layers[-n:]):
+                mine.load_state_dict(theirs.state_dict())
+
+
+def _log_to(out: Path):
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        with open(out / "train.log.txt", "a") as f:
+            f.write(msg + "\n")
+
+    return log
+
+
+def train_drafter(
+    a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float, log, desc: str
+):
+    """The budgeted training loop of every drafter trainer (DFlash, DFlash 2, DSpark).
+
+    loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
+    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}. Returns (step, elapsed, history,
+    prior_wall), prior_wall being the wall seconds of the runs this one resumed.
+    """
+    from tqdm import tqdm
+
+    out = Path(a.out)
+    ckpt_path = out / "ckpt.pt"
+    budget = a.minutes * 60.0
+    N, L = pool["tokens"].shape
+    g = config.block_size
+    decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
+    other = [p for p in drafter.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay_params, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=a.lr,
+        betas=(0.9, 0.95),
+    )
+    step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
+    if a.resume:
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config"] != dataclasses.asdict(config):
+            raise ValueError(f"checkpoint {ckpt_path} was made with a different drafter config")
+        drafter.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
+        prior_wall = ck.get("wall", 0.0)
+        log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
+    train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
+    if train_budget <= elapsed:
+        log("no training time left in the budget; exporting")
+    log(
+        f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"training {(train_budget - elapsed) / 60:.1f} min"
+    )
+
+    gen = torch.Generator().manual_seed(a.seed * 1000 + step)
+    next_eval = elapsed + a.eval_every_min * 60
+    next_ckpt = elapsed + a.ckpt_every_min * 60
+    bar = tqdm(
+        total=max(1, round(train_budget)),
+        initial=min(round(elapsed), max(1, round(train_budget))),
+        unit="s",
+        desc=desc,
+        dynamic_ncols=True,
+        mininterval=5,
+    )
+    drafter.train()
+    ema: dict[str, float] = {}
+
+    def save_ckpt():
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "model": drafter.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": elapsed,
+                "history": history,
+                "config": dataclasses.asdict(config),
+                "args": asdict(a),
+                "wall": prior_wall + time.time() - wall_start,
+            },
+            tmp,
+        )
+        os.replace(tmp, ckpt_path)
+
+    while elapsed < train_budget:
+        t0 = time.time()
+        lr = lr_at(elapsed / train_budget, a)
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        idx = torch.randint(0, N, (a.batch_size,), generator=gen)
+        anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss, stats = loss_fn(
+                drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx], anchors, idx
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
+        opt.step()
+        step += 1
+        elapsed += time.time() - t0
+        stats = {"loss": loss.item()} | stats
+        ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in stats.items()}
+        bar.update(max(0, min(round(elapsed), bar.total) - bar.n))
+        bar.set_postfix(step=step, lr=f"{lr:.1e}", **{k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
+        if elapsed >= next_eval:
+            ev = eval_fn(drafter)
+            drafter.train()
+            rec = {
+                "step": step,
+                "minutes": elapsed / 60,
+                "train_loss": ema["loss"],
+                "tau": ev["tau"],
+                "acceptance": ev["acceptance"],
+            }
+            history.append(rec)
+            bar.write(
+                f"step {step} ({elapsed / 60:.1f} min): loss {ema['loss']:.3f}  held-out tau {ev['tau']:.2f}  "
+                f"acceptance {' '.join(f'{x:.2f}' for x in ev['acceptance'])}"
+            )
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            next_eval = elapsed + a.eval_every_min * 60
+        if elapsed >= next_ckpt:
+            save_ckpt()
+            next_ckpt = elapsed + a.ckpt_every_min * 60
+    bar.close()
+    save_ckpt()
+    return step, elapsed, history, prior_wall
+
+
+def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Tensor:
+    """[γ-1] weights of block positions k = 1..γ-1: exp(-(k - first)/γ_d) (DFlash: first = 1, DSpark: 0)."""
+    return torch.exp(-(torch.arange(1, block_size, dtype=torch.float32) - first) / decay)
+
+
+def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor, block_size: int):
+    """Teacher forcing of packed blocks: (prev, target) [B, nb, γ-1] for block positions
+    k = 1..γ-1; target = the target's greedy token at anchor + k (as in `block_loss`), prev
+    = the token before it (the anchor token at k = 1, the previous target token after)."""
+    ks = torch.arange(1, block_size)
+    B, nb = anchors.shape
+    target = labels.gather(1, (anchors[..., None] + ks).flatten(1)).view(B, nb, block_size - 1)
+    prev = torch.cat([tokens.gather(1, anchors)[..., None], target[..., :-1]], -1)
+    return prev, target
+
+
+def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
+    """Held-out greedy continuations (as in the DFlash trainer), reused from --data-from when it fits."""
+    for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
+        p = d / "eval.pt"
+        if p.is_file():
+            ev = torch.load(p)
+            if ev["features"].shape[2] == len(layer_ids) and ev["tokens"].shape[0] >= a.eval_sequences:
+                return ev
+    prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
+    ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, prompts, 128, layer_ids)))
+    torch.save(ev, out / "eval.pt")
+    return ev
+
+
+def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dict:
+    """Generated training data: --data-from's, else ours from a previous run (--resume), else new."""
+    if a.data_from:
+        pool = load_pool(Path(a.data_from))
+        if pool is None:
+            raise FileNotFoundError(f"--data-from {a.data_from} holds no finished data (data/done.json)")
+        if pool["features"].shape[2] != len(layer_ids):
+            raise ValueError(
+                f"--data-from {a.data_from} has features of {pool['features'].shape[2]} layers, "
+                f"this drafter reads {len(layer_ids)}"
+            )
+        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {a.data_from}")
+        return pool
+    pool = load_pool(out) if a.resume else None
+    if pool is not None:
+        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {out / 'data'}")
+        return pool
+    train_ids = data.split_token_ids("train", tok, out / "cache")
+    return build_pool(target, a, layer_ids, train_ids, budget_s, out, log)
+
+
+def setup_run(a):
+    """Common start of a drafter run: threads, out dir, log, tokenizer, frozen fp32 target."""
+    torch.set_num_threads(a.threads)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = _log_to(out)
+    if a.resume and not (out / "ckpt.pt").is_file():
+        raise FileNotFoundError(f"--resume given but no checkpoint {out / 'ckpt.pt'}")
+    tok = data.load_tokenizer()
+    target = load_model(a.target, dtype=torch.float32)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return out, log, tok, target
+
+
+def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights):
+    """Weighted CE over block positions 1..gamma-1 and the top-1 hits [B, nb, gamma-1]."""
+    g = drafter.block_size
+    B, nb = anchors.shape
+    S = feats.shape[1]
+    bt, pos = packed_blocks(tokens, anchors, g, drafter.config.mask_token_id)
+    hidden = drafter(feats, bt, pos, block_mask(anchors, S, g))
+    hidden = hidden.view(B, nb, g, -1)[:, :, 1:]
+    logits = drafter.logits(hidden)  # [B, nb, g-1, V] fp32
+    target = labels.gather(1, (anchors[..., None] + torch.arange(1, g)).flatten(1)).view(B, nb, g - 1)
+    ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
+    loss = (ce * weights).sum() / (weights.sum() * B * nb)
+    return loss, logits.argmax(-1) == target
+
+
+@torch.no_grad()
+def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = False, batch: int = 16) -> dict:
+    """Held-out agreement with the target's greedy tokens, anchors over the
+    whole continuation (every position from the prompt's end on).
+
+    acceptance[k-1] = P(drafts 1..k all equal the target's greedy tokens) =
+    the chance draft k is accepted at temperature 0; tau = 1 + sum(acceptance)
+    is the expected tokens per target forward with K = gamma - 1.
+    """
+    was = drafter.training
+    drafter.eval()
+    g = drafter.block_size
+    S = ev["features"].shape[1]
+    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]  # anchor a needs labels up to a + g - 1 <= S
+    hits_all = []
+    for i in range(0, ev["tokens"].shape[0], batch):
+        sl = slice(i, i + batch)
+        a = anchors.expand(ev["tokens"][sl].shape[0], -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, hits = block_loss(
+                drafter, ev["features"][sl].float(), ev["tokens"][sl], ev["labels"][sl], a, torch.ones(g - 1)
+            )
+        hits_all.append(hits.flatten(0, 1))
+    hits = torch.cat(hits_all).float()  # [blocks, g-1]
+    drafter.train(was)
+    prefix = hits.cumprod(1).mean(0)
+    return {
+        "acceptance": prefix.tolist(),
+        "top1": hits.mean(0).tolist(),
+        "tau": 1 + float(prefix.sum()),
+        "blocks": hits.shape[0],
+    }

@@ -29,22 +29,22 @@ from pathlib import Path
 import torch
 
 from .. import data, ops
-from ..models import load_model
 from ..models.dflash import load_dflash
 from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
-from .dflash import (
+from .common import (
     DECAY,
     DFlashTrainArgs,
-    _log_to,
     block_loss,
-    build_pool,
+    block_targets,
+    data_pool,
+    eval_set,
     evaluate,
-    generate_sequences,
+    hardware_string,
     init_from_target,
-    load_pool,
+    position_weights,
+    setup_run,
     train_drafter,
 )
-from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
 
@@ -62,70 +62,6 @@ class DFlash2TrainArgs(DFlashTrainArgs):
 
 
 # ------------------------------------------------------------------- pieces shared with DSpark
-def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Tensor:
-    """[γ-1] weights of block positions k = 1..γ-1: exp(-(k - first)/γ_d) (DFlash: first = 1, DSpark: 0)."""
-    return torch.exp(-(torch.arange(1, block_size, dtype=torch.float32) - first) / decay)
-
-
-def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor, block_size: int):
-    """Teacher forcing of packed blocks: (prev, target) [B, nb, γ-1] for block positions
-    k = 1..γ-1; target = the target's greedy token at anchor + k (as in `block_loss`), prev
-    = the token before it (the anchor token at k = 1, the previous target token after)."""
-    ks = torch.arange(1, block_size)
-    B, nb = anchors.shape
-    target = labels.gather(1, (anchors[..., None] + ks).flatten(1)).view(B, nb, block_size - 1)
-    prev = torch.cat([tokens.gather(1, anchors)[..., None], target[..., :-1]], -1)
-    return prev, target
-
-
-def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
-    """Held-out greedy continuations (as in the DFlash trainer), reused from --data-from when it fits."""
-    for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
-        p = d / "eval.pt"
-        if p.is_file():
-            ev = torch.load(p)
-            if ev["features"].shape[2] == len(layer_ids) and ev["tokens"].shape[0] >= a.eval_sequences:
-                return ev
-    prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
-    ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, prompts, 128, layer_ids)))
-    torch.save(ev, out / "eval.pt")
-    return ev
-
-
-def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dict:
-    """Generated training data: --data-from's, else ours from a previous run (--resume), else new."""
-    if a.data_from:
-        pool = load_pool(Path(a.data_from))
-        if pool is None:
-            raise FileNotFoundError(f"--data-from {a.data_from} holds no finished data (data/done.json)")
-        if pool["features"].shape[2] != len(layer_ids):
-            raise ValueError(
-                f"--data-from {a.data_from} has features of {pool['features'].shape[2]} layers, "
-                f"this drafter reads {len(layer_ids)}"
-            )
-        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {a.data_from}")
-        return pool
-    pool = load_pool(out) if a.resume else None
-    if pool is not None:
-        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {out / 'data'}")
-        return pool
-    train_ids = data.split_token_ids("train", tok, out / "cache")
-    return build_pool(target, a, layer_ids, train_ids, budget_s, out, log)
-
-
-def setup_run(a):
-    """Common start of a drafter run: threads, out dir, log, tokenizer, frozen fp32 target."""
-    torch.set_num_threads(a.threads)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = _log_to(out)
-    if a.resume and not (out / "ckpt.pt").is_file():
-        raise FileNotFoundError(f"--resume given but no checkpoint {out / 'ckpt.pt'}")
-    tok = data.load_tokenizer()
-    target = load_model(a.target, dtype=torch.float32)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return out, log, tok, target
 
 
 # ------------------------------------------------------------------- DFlash 2 loss and evaluation

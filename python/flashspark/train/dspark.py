@@ -40,15 +40,19 @@ from ..models.dflash import block_mask, load_dflash, packed_blocks
 from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
 from ..scheduling.calibration import calibration_report as block_calibration_report
 from ..scheduling.calibration import expected_calibration_error
-from .dflash import DECAY, DFlashTrainArgs, generate_sequences, init_from_target, train_drafter
-from .dflash2 import (
+from .common import (
+    DECAY,
+    DFlashTrainArgs,
     block_targets,
     data_pool,
     eval_set,
+    generate_sequences,
+    hardware_string,
+    init_from_target,
     position_weights,
     setup_run,
+    train_drafter,
 )
-from .target import hardware_string
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
 

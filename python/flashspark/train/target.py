@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -24,7 +23,10 @@ import torch.nn.functional as F
 
 from .. import data
 from ..models import Qwen3Config, Qwen3ForCausalLM, load_model, save_model
-from .common import lr_at
+from .common import (
+    hardware_string,
+    lr_at,
+)
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "target"
 
@@ -301,18 +303,6 @@ def train(a: TrainArgs) -> dict:
     write_model_card(export / "MODEL_CARD.md", summary)
     print(f"exported to {export}", flush=True)
     return summary
-
-
-def hardware_string() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}"
 
 
 def write_model_card(path: Path, s: dict) -> None:
