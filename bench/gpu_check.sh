@@ -35,7 +35,7 @@ log "pytest exit $? ($(tail -1 "$OUT_DIR/pytest_cuda.log"))"
 
 log "bad-input CUDA tests under compute-sanitizer memcheck (failed requests must read nothing out of bounds)"
 if command -v compute-sanitizer > /dev/null; then
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $PY -m pytest -q tests/test_bad_input.py -k cuda \
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $PY -m pytest -q tests/ops/test_bad_input.py -k cuda \
     -p no:cacheprovider > "$OUT_DIR/sanitizer_bad_input.log" 2>&1
   log "compute-sanitizer exit $? ($(grep -c 'Invalid' "$OUT_DIR/sanitizer_bad_input.log") invalid accesses)"
 else

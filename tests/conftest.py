@@ -1,5 +1,12 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# Tests are grouped like the package (ops/, models/, scheduling/, decoding/, methods/, cli/);
+# the shared helpers (spec_helpers.py) and each group's modules stay importable by name.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]

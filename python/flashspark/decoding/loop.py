@@ -9,7 +9,7 @@ per phase) are accumulated by `LoopStats` and returned, never printed. Batched:
 requests finish at different times (EOS or max_new_tokens) and then verify 0
 tokens and write nothing to the caches. Lossless at every temperature: greedy
 output equals plain greedy decoding token for token, sampled output follows the
-target's distribution (tests/test_spec_loop.py).
+target's distribution (tests/decoding/test_loop.py).
 """
 
 from __future__ import annotations

@@ -284,6 +284,7 @@ def test_sps_with_overhead():
         t.with_overhead(-1)
 
 
+@pytest.mark.slow
 def test_cli_fit_proxy_and_generate_every_method(tmp_path, monkeypatch, capsys):
     """Untrained drafters for the shipped target: `fit-proxy` writes the proxies, and
     `generate` runs dflash2 / dspark with both schedulers, equal to plain decoding at T = 0."""
@@ -382,6 +383,7 @@ def test_dflash2_recall_stats():
     assert "recall_top1" not in dflash
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method", ["dflash2", "dflash2:sched=confidence,plain=0", "dspark", "dspark:sched=confidence,plain=0"]
 )

@@ -51,6 +51,8 @@ from pathlib import Path
 import fuzz_child
 import pytest
 
+pytestmark = pytest.mark.slow
+
 # ---------------------------------------------------------------- budgets
 
 BASES_PER_OP = 8  # hypothesis-drawn valid calls per op (each also runs unmutated)

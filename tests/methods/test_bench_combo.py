@@ -4,7 +4,7 @@ benchmark itself is measured, not tested)."""
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import combo_bench  # noqa: E402
 
