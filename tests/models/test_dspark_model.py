@@ -11,7 +11,8 @@ import torch
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
-from flashspark.train.dspark import calibration_report, cumulative_confidence, fit_sequential_temperatures, sparse_tv
+from flashspark.train.dspark import cumulative_confidence, fit_sequential_temperatures, sparse_tv
+from flashspark.train.dspark import temperature_calibration_report as calibration_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 97

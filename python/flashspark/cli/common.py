@@ -7,6 +7,11 @@ import argparse
 import math
 import re
 import sys
+from pathlib import Path
+
+import torch
+
+from .. import data
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -65,7 +70,6 @@ def check_args(args) -> None:
 
 def check_device(text: str) -> None:
     """cpu, cuda or cuda:N, present on this machine (models would fail to load on anything else)."""
-    import torch
 
     try:
         dev = torch.device(text)
@@ -97,7 +101,6 @@ def read_prompts(args) -> list[str]:
         except UnicodeEncodeError as e:
             raise ValueError(f"--prompt is not valid UTF-8 (character {e.start})") from None
         return [unescape(args.prompt)]
-    from pathlib import Path
 
     path = Path(args.prompts_file)
     if not path.is_file():
@@ -117,7 +120,6 @@ def load_tokenizer(path: str | None):
     """The shipped tokenizer, or --tokenizer's, checked before any model loads: a file the
     tokenizers library cannot read (it raises a bare Exception) or one without the special
     tokens is a bad --tokenizer."""
-    from .. import data
 
     if path is None:
         return data.load_tokenizer()

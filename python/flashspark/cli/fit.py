@@ -3,7 +3,19 @@ prior, measured in the loop on the calibration prompts."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .. import data
+from ..methods import PRIOR_FILE, PROXY_FILES, load_proxy, make_decoder
+from ..models import load_model
+from ..scheduling.calibration import calibration_report, prefix_survival
+from ..scheduling.confidence import ConfidenceStats
+from ..scheduling.proxy import ConfidenceProxy
 
 
 def add_fit_proxy(sub) -> None:
@@ -48,7 +60,6 @@ def add_fit_prior(sub) -> None:
 
 def calibration_prompts(per_task: int, prompt_tokens: int) -> list[list[int]]:
     """The calibration prompt set of every task (see `data.heldout_prompts`)."""
-    from .. import data
 
     tok = data.load_tokenizer()
     return [
@@ -62,16 +73,6 @@ def run_fit_prior(args) -> int:
     """Decode the calibration prompts with fixed K = γ - 1 (every draft verified, so every outcome
     is seen) and keep, per temperature, the confidence stats a scheduler starts from: mean predicted
     prefix survival and predicted against observed survival (`ConfidenceStats`)."""
-    import json
-    from pathlib import Path
-
-    import torch
-
-    from .. import data
-    from ..methods import PRIOR_FILE, load_proxy, make_decoder
-    from ..models import load_model
-    from ..scheduling.calibration import prefix_survival
-    from ..scheduling.confidence import ConfidenceStats
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -113,13 +114,11 @@ def collect_records(
     decode, prompts: list[list[int]], max_new_tokens: int, temperature: float, batch_size: int, seed: int = 0
 ) -> dict:
     """Per request-step confidences / signals and verify outcomes of `decode` over `prompts`."""
-    from tqdm import tqdm
 
     parts = []
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"verify outcomes T={temperature:g}", leave=False):
         _, st = decode(prompts[i : i + batch_size], max_new_tokens, temperature, seed + i, record=True)
         parts.append(st["records"])
-    import torch
 
     return {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -127,16 +126,6 @@ def collect_records(
 def run_fit_proxy(args) -> int:
     """Fit one proxy per temperature with fixed K = γ - 1 (every draft verified, so every
     outcome is seen), report ECE / AUC before (raw selector probability) and after."""
-    import json
-    from pathlib import Path
-
-    import torch
-
-    from .. import data
-    from ..methods import PROXY_FILES, make_decoder
-    from ..models import load_model
-    from ..scheduling.calibration import calibration_report
-    from ..scheduling.proxy import ConfidenceProxy
 
     if args.threads:
         torch.set_num_threads(args.threads)

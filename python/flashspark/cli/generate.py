@@ -4,9 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
-from ..methods import DRAFTERS, SCHEDULERS
+import torch
+
+from .. import data
+from ..decoding.plain import generate, generate_text
+from ..methods import DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
+from ..models import load_model
 from ..models.dflash2 import PATH_MODES
 from .common import load_tokenizer, read_prompts
 
@@ -41,12 +48,6 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args) -> int:
-    import torch
-
-    from .. import data
-    from ..decoding.plain import generate_text
-    from ..models import load_model
-
     if args.method != "ar":
         return run_generate_spec(args, args.method)
     if args.threads:
@@ -111,9 +112,6 @@ def add_generate_spec_args(p) -> None:
 def check_generate_spec_args(args, method: str) -> None:
     """What a speculative method adds to `flashspark.cli.check_args`, before anything loads:
     --top-p, and --k against the drafter's block size (from its config.json)."""
-    from pathlib import Path
-
-    from .. import data
 
     if method not in SPEC_METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
@@ -130,7 +128,6 @@ def check_generate_spec_args(args, method: str) -> None:
 def drafter_block_size(path) -> int | None:
     """γ from a drafter directory's config.json, without its weights; None where it cannot be
     read (loading the drafter then says what is wrong)."""
-    import json
 
     try:
         return int(json.loads((path / "config.json").read_text())["block_size"])
@@ -141,13 +138,6 @@ def drafter_block_size(path) -> int | None:
 def run_generate_spec(args, method: str) -> int:
     """Decode the prompts with `method` and with plain decoding, print the
     texts, then tau, tokens/s and the speedup over plain decoding (stderr)."""
-    import torch
-
-    from .. import data
-    from ..decoding.plain import generate
-    from ..methods import MethodSpec, make_decoder
-    from ..models import load_model
-    from .common import load_tokenizer, read_prompts
 
     check_generate_spec_args(args, method)
     if args.threads:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import argparse
 
+from ..train.common import DFlashTrainArgs
+from ..train.dflash import train as train_dflash
 from ..train.dflash2 import DFlash2TrainArgs
 from ..train.dflash2 import train as train_dflash2
 from ..train.dspark import DSparkTrainArgs
 from ..train.dspark import train as train_dspark
+from ..train.target import TrainArgs
+from ..train.target import train as train_target
 
 
 def add_train_target(sub) -> None:
-    from ..train.target import TrainArgs
-
     d = TrainArgs()
     p = sub.add_parser("target", help="train the tokenizer (if absent) and the target model")
     p.add_argument("--out", default=d.out, help="run directory: checkpoint, token cache, metrics (default %(default)s)")
@@ -34,8 +36,6 @@ def add_train_target(sub) -> None:
 
 
 def run_train_target(args) -> int:
-    from ..train.target import TrainArgs, train
-
     a = TrainArgs(
         out=args.out,
         minutes=args.minutes,
@@ -54,13 +54,12 @@ def run_train_target(args) -> int:
     )
     if args.export:
         a.export = args.export
-    train(a)
+    train_target(a)
     return 0
 
 
 def add_train_dflash(train_sub) -> None:
     """`python -m flashspark train dflash ...`"""
-    from ..train.common import DFlashTrainArgs
 
     d = DFlashTrainArgs()
     p = train_sub.add_parser("dflash", help="distil the DFlash drafter from the target")
@@ -100,9 +99,6 @@ def add_train_dflash(train_sub) -> None:
 
 
 def run_train_dflash(args) -> int:
-    from ..train.common import DFlashTrainArgs
-    from ..train.dflash import train
-
     a = DFlashTrainArgs(
         out=args.out,
         minutes=args.minutes,
@@ -125,7 +121,7 @@ def run_train_dflash(args) -> int:
         a.export = args.export
     if args.target:
         a.target = args.target
-    train(a)
+    train_dflash(a)
     return 0
 
 

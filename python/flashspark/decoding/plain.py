@@ -7,11 +7,10 @@ nothing.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from ..models.qwen3 import Qwen3ForCausalLM
+from .stats import Clock
 
 
 def sample_next(
@@ -97,11 +96,6 @@ def generate(
     return outputs, stats
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generator, eos_id, max_len, device):
     B = len(prompts)
     lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
@@ -113,14 +107,12 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generato
     if max_new_tokens == 0:
         return out, {"prefill_seconds": 0.0, "decode_seconds": 0.0, "forwards": 0}
     cache = model.new_cache(B, cache_len)
-    _sync(device)
-    t0 = time.perf_counter()
+    clock = Clock(device)
     lens_d = lens.to(device)
     logits = model(tokens.to(device), cache, torch.zeros_like(lens_d), lens_d).logits
     last = logits[torch.arange(B, device=device), lens_d - 1]
     nxt = sample_next(last, temperature, top_p, generator)
-    _sync(device)
-    t1 = time.perf_counter()
+    clock.tick("prefill")
     forwards = 1
     done = torch.zeros(B, dtype=torch.bool)
     pos = lens_d.clone()
@@ -138,9 +130,12 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generato
         forwards += 1
         pos += 1
         nxt = sample_next(logits, temperature, top_p, generator)
-    _sync(device)
-    t2 = time.perf_counter()
-    return out, {"prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "forwards": forwards}
+    clock.tick("decode")
+    return out, {
+        "prefill_seconds": clock.seconds["prefill"],
+        "decode_seconds": clock.seconds["decode"],
+        "forwards": forwards,
+    }
 
 
 def generate_text(

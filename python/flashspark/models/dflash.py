@@ -57,32 +57,27 @@ def target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]
     return [min(max(round(1 + i * (L - 4) / (n - 1)), 0), L - 1) for i in range(n)]
 
 
+TARGET_ONLY_KEYS = ("tie_word_embeddings", "bos_token_id", "eos_token_id")
+
+
 @dataclass
-class DFlashConfig:
-    hidden_size: int = 256
-    intermediate_size: int = 768
+class DFlashConfig(Qwen3Config):
+    """A drafter's config: the Qwen3 layer shape it inherits (at the target's widths, with its
+    own number of layers) plus the block size γ, the target layers it reads, and the mask token."""
+
     num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 64
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 2048
-    vocab_size: int = 4096
     block_size: int = 8  # gamma
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     mask_token_id: int = 1
-    torch_dtype: str = "bfloat16"
     architectures: list[str] = field(default_factory=lambda: ["DFlashDraftModel"])
     model_type: str = "dflash"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
     @classmethod
     def for_target(
@@ -121,7 +116,9 @@ class DFlashConfig:
         return Qwen3Config(**d)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n")
+        # A drafter shares the target's embedding and head: the target-only keys are not its own.
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in TARGET_ONLY_KEYS}
+        Path(path).write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_file(cls, path: str | Path):

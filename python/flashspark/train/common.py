@@ -425,3 +425,25 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
         "tau": 1 + float(prefix.sum()),
         "blocks": hits.shape[0],
     }
+
+
+def run_facts(a, config, target, decay: float, sequences: int, seq_len: int) -> dict:
+    """What every drafter's summary and model card record about its run: the data, the decay,
+    the machine, the arguments, the config and the target."""
+    return {
+        "sequences": sequences,
+        "seq_len": seq_len,
+        "decay": decay,
+        "hardware": hardware_string(),
+        "torch": torch.__version__,
+        "args": asdict(a),
+        "config": dataclasses.asdict(config),
+        "target_params": target.num_parameters(),
+        "target_layers": target.config.num_hidden_layers,
+    }
+
+
+def publish(summary: dict, out: str | Path, export_dir: Path, write_model_card) -> None:
+    """A run's summary.json in its run directory, and the model card beside the exported weights."""
+    data.write_json(Path(out) / "summary.json", summary)
+    write_model_card(export_dir / "MODEL_CARD.md", summary)

@@ -19,9 +19,7 @@ learning rate follows training time, so `--resume` continues the schedule.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,9 +35,10 @@ from .common import (
     build_pool,
     evaluate,
     generate_sequences,
-    hardware_string,
     init_from_target,
     load_pool,
+    publish,
+    run_facts,
     train_drafter,
 )
 
@@ -150,18 +149,9 @@ def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_le
         "spec_acceptance": spec["acceptance_per_position"],
         "history": history,
         "params": shipped.num_parameters(),
-        "sequences": n_seq,
-        "seq_len": seq_len,
-        "decay": decay,
-        "hardware": hardware_string(),
-        "torch": torch.__version__,
-        "args": asdict(a),
-        "config": dataclasses.asdict(config),
-        "target_params": target.num_parameters(),
-        "target_layers": target.config.num_hidden_layers,
+        **run_facts(a, config, target, decay, n_seq, seq_len),
     }
-    data.write_json(Path(a.out) / "summary.json", summary)
-    write_model_card(export_dir / "MODEL_CARD.md", summary)
+    publish(summary, a.out, export_dir, write_model_card)
     log(
         f"exported to {export_dir}: held-out tau {final['tau']:.3f}, acceptance "
         f"{' '.join(f'{x:.3f}' for x in final['acceptance'])}; speculative run tau {spec['tau']:.3f}"

@@ -21,9 +21,8 @@ evaluation) is `train.dflash.train_drafter`, shared by every drafter trainer.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,9 +38,10 @@ from .common import (
     data_pool,
     eval_set,
     evaluate,
-    hardware_string,
     init_from_target,
     position_weights,
+    publish,
+    run_facts,
     setup_run,
     train_drafter,
 )
@@ -244,18 +244,9 @@ def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, d
         "params": shipped.num_parameters(),
         "selector_params": sum(p.numel() for p in shipped.selector.parameters()),
         "conv_params": sum(p.numel() for m in shipped.convs() for p in m.parameters()),
-        "sequences": int(pool_shape[0]),
-        "seq_len": int(pool_shape[1]),
-        "decay": decay,
-        "hardware": hardware_string(),
-        "torch": torch.__version__,
-        "args": asdict(a),
-        "config": dataclasses.asdict(config),
-        "target_params": target.num_parameters(),
-        "target_layers": target.config.num_hidden_layers,
+        **run_facts(a, config, target, decay, int(pool_shape[0]), int(pool_shape[1])),
     }
-    data.write_json(Path(a.out) / "summary.json", summary)
-    write_model_card(export_dir / "MODEL_CARD.md", summary)
+    publish(summary, a.out, export_dir, write_model_card)
     log(
         f"exported to {export_dir}: held-out path tau {final['tau']:.3f} ({final['mode']}), backbone tau "
         f"{final['backbone_tau']:.3f}, top-{config.selector_topk} coverage "

@@ -27,9 +27,8 @@ saved with the drafter (`calibration.json`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,9 +46,10 @@ from .common import (
     data_pool,
     eval_set,
     generate_sequences,
-    hardware_string,
     init_from_target,
     position_weights,
+    publish,
+    run_facts,
     setup_run,
     train_drafter,
 )
@@ -183,7 +183,7 @@ def evaluate_dspark(drafter: DSparkDrafter, ev: dict, prompt_tokens: int) -> dic
     of the drafter's current confidence temperatures."""
     acc, z = rollout_outcomes(drafter, ev, prompt_tokens)
     prefix = acc.float().cumprod(1).mean(0)
-    rep = calibration_report(z, acc, drafter.conf_temperature.float())
+    rep = temperature_calibration_report(z, acc, drafter.conf_temperature.float())
     return {
         "acceptance": prefix.tolist(),
         "top1": acc.float().mean(0).tolist(),
@@ -218,7 +218,7 @@ def fit_sequential_temperatures(z: torch.Tensor, accepted: torch.Tensor, grid: t
     return torch.tensor(temps, dtype=torch.float32)
 
 
-def calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: torch.Tensor) -> dict:
+def temperature_calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: torch.Tensor) -> dict:
     """`scheduling.calibration.calibration_report` (ECE of the cumulative product, AUC of c_k against the
     conditional outcome: the same metrics as the DFlash 2 confidence proxy) of σ(z / T) for blocks
     verified in full, plus the ECE of a_k and the mean a_k and outcome per position.
@@ -236,7 +236,7 @@ def calibration_report(z: torch.Tensor, accepted: torch.Tensor, temperatures: to
     }
 
 
-def calibration_prompts(a, tok) -> torch.Tensor:
+def temperature_fit_prompts(a, tok) -> torch.Tensor:
     """Held-out code prompts for calibration, none of them an evaluation prompt."""
     ev = {tuple(p) for p in data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok)}
     pool = data.heldout_prompts("code", a.eval_sequences + a.calib_sequences, a.prompt_tokens, tok)
@@ -255,12 +255,12 @@ def calibrate(drafter: DSparkDrafter, calib: dict, ev: dict, prompt_tokens: int)
         "temperatures_fitted": temps.tolist(),
         "calibration_blocks": int(acc_c.shape[0]),
         "before": {
-            "calibration_split": calibration_report(z_c, acc_c, ones),
-            "eval_split": calibration_report(z_e, acc_e, ones),
+            "calibration_split": temperature_calibration_report(z_c, acc_c, ones),
+            "eval_split": temperature_calibration_report(z_e, acc_e, ones),
         },
         "after": {
-            "calibration_split": calibration_report(z_c, acc_c, temps),
-            "eval_split": calibration_report(z_e, acc_e, temps),
+            "calibration_split": temperature_calibration_report(z_c, acc_c, temps),
+            "eval_split": temperature_calibration_report(z_e, acc_e, temps),
         },
         "outcome": "temperature 0: draft k accepted iff it equals the target's greedy token",
     }
@@ -289,7 +289,7 @@ def train(a: DSparkTrainArgs) -> dict:
         calib = dict(
             zip(
                 ("tokens", "features", "labels"),
-                generate_sequences(target, calibration_prompts(a, tok), 128, layer_ids),
+                generate_sequences(target, temperature_fit_prompts(a, tok), 128, layer_ids),
             )
         )
         torch.save(calib, calib_path)
@@ -345,18 +345,9 @@ def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_s
         "history": history,
         "params": shipped.num_parameters(),
         "head_params": sum(p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_", "conf_"))),
-        "sequences": int(pool_shape[0]),
-        "seq_len": int(pool_shape[1]),
-        "decay": decay,
-        "hardware": hardware_string(),
-        "torch": torch.__version__,
-        "args": asdict(a),
-        "config": dataclasses.asdict(config),
-        "target_params": target.num_parameters(),
-        "target_layers": target.config.num_hidden_layers,
+        **run_facts(a, config, target, decay, int(pool_shape[0]), int(pool_shape[1])),
     }
-    data.write_json(Path(a.out) / "summary.json", summary)
-    write_model_card(export_dir / "MODEL_CARD.md", summary)
+    publish(summary, a.out, export_dir, write_model_card)
     b, f = cal["before"]["eval_split"], final["calibration"]
     log(
         f"exported to {export_dir}: held-out tau {final['tau']:.3f}; eval-split ECE {b['ece_cumulative']:.3f} -> "
