@@ -14,7 +14,6 @@ import sys
 import time
 
 import torch
-
 from flashspark import data
 from flashspark.models import load_model
 
