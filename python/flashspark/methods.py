@@ -29,14 +29,8 @@ from .decoding.plain import generate
 from .models.dflash import load_dflash
 from .models.dflash2 import load_dflash2
 from .models.dspark import load_dspark
-from .scheduling.confidence import (
-    ConfidenceScheduler,
-    ConfidenceStats,
-    SPSTable,
-    conditional,
-    forward_seconds,
-    profile_sps,
-)
+from .scheduling.confidence import ConfidenceScheduler, ConfidenceStats, conditional
+from .scheduling.costs import SPSTable, forward_seconds, profile_sps
 from .scheduling.fixed import FixedK
 from .scheduling.proxy import ConfidenceProxy
 

@@ -14,7 +14,8 @@ from flashspark.decoding.plain import generate
 from flashspark.models.dflash2 import DFlash2Config, DFlash2Drafter
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter
 from flashspark.scheduling import FixedK, Scheduler
-from flashspark.scheduling.confidence import ConfidenceScheduler, SPSTable
+from flashspark.scheduling.confidence import ConfidenceScheduler
+from flashspark.scheduling.costs import SPSTable
 from flashspark.scheduling.proxy import ConfidenceProxy
 from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
 

@@ -12,13 +12,8 @@ import torch
 from flashspark.models import Qwen3Config, Qwen3ForCausalLM
 from flashspark.scheduling import Scheduler
 from flashspark.scheduling.calibration import prefix_survival
-from flashspark.scheduling.confidence import (
-    ConfidenceScheduler,
-    SPSTable,
-    conditional,
-    profile_sps,
-    schedule_tokens,
-)
+from flashspark.scheduling.confidence import ConfidenceScheduler, conditional, schedule_tokens
+from flashspark.scheduling.costs import SPSTable, profile_sps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
