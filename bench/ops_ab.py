@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 import torch
+from timing import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -90,11 +90,7 @@ def main() -> None:
     runs = {"A": [], "B": []}
     for r in range(args.rounds):
         for label, path in zip("AB", args.builds):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(path), HERE])}
-            res = subprocess.run(
-                [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True
-            )
-            runs[label].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            runs[label].append(run_child(__file__, path))
             print(f"round {r + 1}/{args.rounds}: build {label} done", file=sys.stderr)
     rows = []
     for name in runs["A"][0]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
+
+from timing import run_child
 
 METHODS = ["dflash", "dflash:k=3", "dflash2", "dflash2:path=greedy", "dspark", "dflash2:sched=confidence",
            "dspark:sched=confidence"]  # fmt: skip
@@ -54,9 +54,7 @@ def main() -> None:
         ap.error("--builds A B is required")
     runs = []
     for path in args.builds:
-        env = {**os.environ, "PYTHONPATH": os.path.abspath(path)}
-        res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True)
-        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        runs.append(run_child(__file__, path))
     same = True
     for key in runs[0]:
         ok = runs[0][key] == runs[1].get(key)

@@ -7,10 +7,22 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
+
+
+def run_child(script: str, build: str, args=()) -> dict:
+    """Run `script --child ARGS` with `build` (a package directory holding flashspark/) first on
+    PYTHONPATH, and return the JSON object it prints last: how the *_ab benchmarks time or
+    decode under two builds side by side."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.abspath(build), os.path.dirname(script)])}
+    res = subprocess.run(
+        [sys.executable, script, "--child", *args], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def median_time(fn, repeats: int, device: torch.device) -> float:

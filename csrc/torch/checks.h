@@ -159,8 +159,7 @@ inline int32_t* status_ptr(const std::optional<at::Tensor>& status, int64_t item
                            const NamedTensors& others, const char* op) {
   if (!status.has_value()) return nullptr;
   const at::Tensor& s = *status;
-  TORCH_CHECK(s.device() == ref.device(), "flashspark.", op, ": argument 'status' is on ", s.device(),
-              " but the op runs on ", ref.device());
+  check_device(s, ref, op, "status");
   TORCH_CHECK(s.scalar_type() == at::kInt && s.dim() == 1 && s.size(0) == items && s.is_contiguous(), "flashspark.", op,
               ": argument 'status' must be a contiguous int32 tensor of shape [", items, "], got ", s.scalar_type(),
               " ", s.sizes());

@@ -33,12 +33,8 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
                     const std::optional<at::Tensor>& status) {
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
-  check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
-  const CpuStatus st(
-      status_ptr(status, a.batch, target_logits,
-                 with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
-                 "verify"),
-      a.batch);
+  const NamedTensors all = check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
+  const CpuStatus st(status_ptr(status, a.batch, target_logits, all, "verify"), a.batch);
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st.ptr);
     raise_before_launch(

@@ -28,10 +28,8 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
                                          temperature, seeds, offsets, max_spec_len);
-  check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
-  int32_t* st = status_ptr(status, a.batch, target_logits,
-                           with_outputs(a.inputs, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}}),
-                           "verify");
+  const NamedTensors all = check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
+  int32_t* st = status_ptr(status, a.batch, target_logits, all, "verify");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     const VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st);

@@ -25,7 +25,7 @@ constexpr int64_t kMaxSpecLen = 4096;
 struct VerifyArgs {
   at::Tensor logits, draft_tokens, cu_num_draft, q_probs, q_ids, temperature, seeds, offsets;
   DraftQ q_mode = DraftQ::kOneHot;
-  NamedTensors inputs;  // as given, for the outputs' overlap checks
+  NamedTensors all;  // every argument as given, for the outputs' overlap checks
   int32_t batch = 0, vocab = 0, num_tokens = 0, num_candidates = 0, max_spec_len = 0;
 };
 
@@ -34,14 +34,14 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                                     const std::optional<at::Tensor>& draft_probs_ids, const at::Tensor& temperature,
                                     const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len) {
   VerifyArgs a;
-  a.inputs = {{target_logits, "target_logits"},
-              {draft_tokens, "draft_tokens"},
-              {cu_num_draft, "cu_num_draft"},
-              {temperature, "temperature"},
-              {seeds, "seeds"},
-              {offsets, "offsets"}};
-  if (draft_probs.has_value()) a.inputs.push_back({*draft_probs, "draft_probs"});
-  if (draft_probs_ids.has_value()) a.inputs.push_back({*draft_probs_ids, "draft_probs_ids"});
+  a.all = {{target_logits, "target_logits"},
+           {draft_tokens, "draft_tokens"},
+           {cu_num_draft, "cu_num_draft"},
+           {temperature, "temperature"},
+           {seeds, "seeds"},
+           {offsets, "offsets"}};
+  if (draft_probs.has_value()) a.all.push_back({*draft_probs, "draft_probs"});
+  if (draft_probs_ids.has_value()) a.all.push_back({*draft_probs_ids, "draft_probs_ids"});
   check_dim(target_logits, 2, "target_logits");
   check_float_dtype(target_logits, "verify", "target_logits");
   check_int_range(max_spec_len, 0, kMaxSpecLen, "verify", "max_spec_len");
@@ -117,8 +117,9 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
   return a;
 }
 
-inline void check_verify_outputs(const VerifyArgs& a, const at::Tensor& logits, const at::Tensor& out_tokens,
-                                 const at::Tensor& out_num_accepted) {
+// Returns every argument, outputs included, for the status output's overlap check.
+inline NamedTensors check_verify_outputs(const VerifyArgs& a, const at::Tensor& logits, const at::Tensor& out_tokens,
+                                         const at::Tensor& out_num_accepted) {
   check_device(out_tokens, logits, "out_tokens");
   check_device(out_num_accepted, logits, "out_num_accepted");
   TORCH_CHECK(out_tokens.scalar_type() == at::kInt && out_num_accepted.scalar_type() == at::kInt,
@@ -131,11 +132,10 @@ inline void check_verify_outputs(const VerifyArgs& a, const at::Tensor& logits, 
               out_num_accepted.sizes());
   TORCH_CHECK(out_tokens.is_contiguous() && out_num_accepted.is_contiguous(),
               "flashspark.verify: arguments 'out_tokens' and 'out_num_accepted' must be contiguous");
-  NamedTensors others = a.inputs;
-  others.push_back({out_tokens, "out_tokens"});
-  others.push_back({out_num_accepted, "out_num_accepted"});
-  check_writable(out_tokens, "out_tokens", others, "verify");
-  check_writable(out_num_accepted, "out_num_accepted", others, "verify");
+  NamedTensors all = with_outputs(a.all, {{out_tokens, "out_tokens"}, {out_num_accepted, "out_num_accepted"}});
+  check_writable(out_tokens, "out_tokens", all, "verify");
+  check_writable(out_num_accepted, "out_num_accepted", all, "verify");
+  return all;
 }
 
 // Outputs of the functional `verify`: [B, max_spec_len + 1] tokens and [B]

@@ -23,7 +23,8 @@ from flashspark.reference import (
 )
 from test_ops_dflash import attn_inputs, inject_inputs
 from test_ops_dflash2 import conv_inputs, path_inputs
-from test_ops_dspark import markov_inputs
+from test_ops_dspark import call as markov_call
+from test_ops_dspark import markov_inputs, positional
 from test_verify import chi2_critical, chi2_stat, make_case
 
 BIG = 2**32 + 3  # read as 3 if an int64 value were narrowed by wrapping
@@ -83,42 +84,16 @@ def test_drafter_ops_int64_values_are_checked_at_full_width(device):
     args = markov_inputs(2, 50, device=device)
     args["prev_tokens"] = args["prev_tokens"].long() + 2**32
     with pytest.raises(RuntimeError, match="'prev_tokens'"):
-        _markov(args)
+        markov_call(args)
     with pytest.raises(RuntimeError, match="'k' must lie in"):
         ops.topk_select(torch.randn(3, 20, device=device), 2**32 + 1)
-
-
-def _markov(args, **kw):
-    a = dict(args)
-    return ops.markov_step(
-        a.pop("base_logits"),
-        a.pop("prev_tokens"),
-        a.pop("w1"),
-        a.pop("w2"),
-        a.pop("hidden"),
-        a.pop("conf_w"),
-        a.pop("conf_b"),
-        **a,
-        **kw,
-    )
 
 
 # ---------------------------------------------------------------- 2. empty dimensions
 
 
 def test_empty_dimensions_work_or_raise_clearly(device):
-    # verify: no requests, and requests with no drafts
-    logits = torch.randn(0, 7, device=device)
-    out, acc = flashspark.verify(
-        logits,
-        torch.zeros(0, dtype=torch.int32, device=device),
-        torch.zeros(1, dtype=torch.int32, device=device),
-        temperature=torch.zeros(0, device=device),
-        seeds=torch.zeros(0, dtype=torch.int64, device=device),
-        offsets=torch.zeros(0, dtype=torch.int64, device=device),
-        max_spec_len=3,
-    )
-    assert out.shape == (0, 4) and acc.shape == (0,)
+    # verify: no requests (and no drafts) is test_verify.py's test_empty_batch; no vocabulary raises
     with pytest.raises(RuntimeError, match="'target_logits' has an empty"):
         flashspark.verify(
             torch.randn(1, 0, device=device),
@@ -159,12 +134,12 @@ def test_empty_dimensions_work_or_raise_clearly(device):
             tokens, choice, scores, q = ops.path_select(cand, unary, a_emb, b_emb, g, anchor, mode=mode)
             assert tokens.shape == (requests, positions) and q.shape == (requests, positions, 4)
     # markov: no requests works, no vocabulary raises
-    tokens, q, conf = _markov(markov_inputs(0, 30, device=device))
+    tokens, q, conf = markov_call(markov_inputs(0, 30, device=device))
     assert tokens.shape == (0,) and q.shape == (0, 30)
     args = markov_inputs(2, 30, device=device)
     args.update(base_logits=args["base_logits"][:, :0], w1=args["w1"][:0], w2=args["w2"][:0], bias=None)
     with pytest.raises(RuntimeError, match="V >= 1"):
-        _markov(args)
+        markov_call(args)
 
 
 # ---------------------------------------------------------------- 3. verify: non-finite and extreme values
@@ -311,29 +286,12 @@ def test_markov_q_is_never_nan(device, case):
     elif case == "inf_logits":
         args["base_logits"][2, 4] = float("inf")
         args["base_logits"][2, 9] = float("inf")
-    tokens, q, conf = _markov(args)
+    tokens, q, conf = markov_call(args)
     assert not torch.isnan(q).any()
     torch.testing.assert_close(q.sum(-1).cpu(), torch.ones(3), atol=1e-5, rtol=0)
     assert ((tokens >= 0) & (tokens < 40)).all()
     assert (q.gather(1, tokens.long()[:, None]) > 0).all(), "the drawn token has q > 0"
-    want_tokens, want_q, _ = markov_step_reference(
-        *[
-            args[k]
-            for k in [
-                "base_logits",
-                "prev_tokens",
-                "w1",
-                "w2",
-                "bias",
-                "hidden",
-                "conf_w",
-                "conf_b",
-                "temperature",
-                "seeds",
-                "positions",
-            ]
-        ]
-    )
+    want_tokens, want_q, _ = markov_step_reference(*positional(args))
     assert torch.equal(tokens.cpu(), want_tokens.cpu())
     torch.testing.assert_close(q.cpu(), want_q.cpu(), atol=1e-5, rtol=1e-5)
     if case == "all_minus_inf":
@@ -453,7 +411,7 @@ def test_meta_tensor_mixed_with_cpu_raises():
     args = markov_inputs(2, 30)
     args["w2"] = args["w2"].to("meta")
     with pytest.raises(RuntimeError, match="'w2' is on meta"):
-        _markov(args)
+        markov_call(args)
     # all-meta calls stay shape-only (the fakes), as torch.compile needs
     out, acc = flashspark.verify(
         logits.to("meta"),
@@ -578,13 +536,13 @@ def test_status_fails_one_item_and_leaves_the_others(device):
     assert all(torch.equal(a[1], b[1]) for a, b in zip((tokens, choice, scores, q), good))
     # markov_step: request 1's previous token is out of range, request 2's temperature is NaN
     args = markov_inputs(3, 30, device=device)
-    good = _markov(args)
+    good = markov_call(args)
     args["prev_tokens"] = args["prev_tokens"].clone()
     args["prev_tokens"][1] = 30
     args["temperature"] = args["temperature"].clone()
     args["temperature"][2] = float("nan")
     status = status_of(3, device)
-    tokens, q, conf = _markov(args, status=status)
+    tokens, q, conf = markov_call(args, status=status)
     assert status.tolist() == [0, 16, 5]
     assert tokens[1:].tolist() == [-1, -1] and (q[1:] == 0).all() and (conf[1:] == 0).all()
     assert tokens[0] == good[0][0] and torch.equal(q[0], good[1][0]) and conf[0] == good[2][0]
@@ -596,9 +554,9 @@ def test_cpu_raises_without_status_and_not_with_it():
     args = markov_inputs(2, 30)
     args["prev_tokens"] = torch.tensor([3, -1])
     with pytest.raises(RuntimeError, match="flashspark.markov_step: argument 'prev_tokens'"):
-        _markov(args)
+        markov_call(args)
     status = status_of(2, "cpu")
-    _markov(args, status=status)
+    markov_call(args, status=status)
     assert status.tolist() == [0, 16]
 
 
@@ -643,22 +601,7 @@ def test_status_ops_pass_opcheck(device):
     args = markov_inputs(2, 30, device=device)
     torch.library.opcheck(
         torch.ops.flashspark.markov_step.default,
-        tuple(
-            args[k]
-            for k in [
-                "base_logits",
-                "prev_tokens",
-                "w1",
-                "w2",
-                "bias",
-                "hidden",
-                "conf_w",
-                "conf_b",
-                "temperature",
-                "seeds",
-                "positions",
-            ]
-        ),
+        positional(args),
         {"status": torch.zeros(2, dtype=torch.int32, device=device)},
     )
 

@@ -33,7 +33,27 @@ def markov_inputs(batch, vocab, rank=16, hidden=24, dtype=torch.float32, device=
     return args
 
 
-def call(args):
+# markov_step's positional arguments, in schema order
+ARG_ORDER = (
+    "base_logits",
+    "prev_tokens",
+    "w1",
+    "w2",
+    "bias",
+    "hidden",
+    "conf_w",
+    "conf_b",
+    "temperature",
+    "seeds",
+    "positions",
+)
+
+
+def positional(args):
+    return tuple(args[k] for k in ARG_ORDER)
+
+
+def call(args, **kw):
     a = dict(args)
     return flashspark.ops.markov_step(
         a.pop("base_logits"),
@@ -44,24 +64,12 @@ def call(args):
         a.pop("conf_w"),
         a.pop("conf_b"),
         **a,
+        **kw,
     )
 
 
 def reference(args):
-    a = args
-    return markov_step_reference(
-        a["base_logits"],
-        a["prev_tokens"],
-        a["w1"],
-        a["w2"],
-        a["bias"],
-        a["hidden"],
-        a["conf_w"],
-        a["conf_b"],
-        a["temperature"],
-        a["seeds"],
-        a["positions"],
-    )
+    return markov_step_reference(*positional(args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -126,22 +134,7 @@ def test_sampled_token_is_distribution_exact(device):
 
 def test_opcheck(device):
     a = markov_inputs(3, 50, device=device)
-    torch.library.opcheck(
-        torch.ops.flashspark.markov_step.default,
-        (
-            a["base_logits"],
-            a["prev_tokens"],
-            a["w1"],
-            a["w2"],
-            a["bias"],
-            a["hidden"],
-            a["conf_w"],
-            a["conf_b"],
-            a["temperature"],
-            a["seeds"],
-            a["positions"],
-        ),
-    )
+    torch.library.opcheck(torch.ops.flashspark.markov_step.default, positional(a))
 
 
 BAD = [

@@ -35,6 +35,7 @@ class LoopStats:
         self.steps, self.accepted, self.verified = (torch.zeros(batch, dtype=torch.int64) for _ in range(3))
         self.pos_accepted = torch.zeros(max_spec_len, dtype=torch.int64)
         self.pos_tried = torch.zeros(max_spec_len, dtype=torch.int64)
+        self.draft_positions = torch.arange(1, max_spec_len + 1, device=device)  # draft k = 1..K
         self.recall = torch.zeros(3, dtype=torch.int64)  # positions with a known target token, top-1 hits, Top-K hits
         self.records: list[dict] = []
         self.plain_steps = self.iterations = 0
@@ -50,8 +51,7 @@ class LoopStats:
             self.records.append(_record(block, n_acc, k_b, live))
         if block.cand_ids is not None:
             self.recall += _recall(block.cand_ids, vtokens, n_acc, live)
-        K = len(self.pos_tried)
-        ar = torch.arange(1, K + 1, device=n_acc.device)
+        ar = self.draft_positions
         self.steps += live.cpu()
         self.accepted += (n_acc * live).cpu()
         self.verified += (k_b * live).cpu()
