@@ -104,3 +104,28 @@ def test_no_import_cycles():
 @pytest.mark.parametrize("name", ["spec"])
 def test_no_folder_named_after_tests(name):
     assert not (PACKAGE / name).exists()
+
+
+def unexplained_function_imports(root: Path, planted: dict[str, str] | None = None) -> list[str]:
+    """Imports inside functions whose line carries no comment saying why (a cycle broken, a
+    costly optional import): every other import belongs at the top of its module."""
+    bad = []
+    for path in sorted(root.rglob("*.py")):
+        source = (planted or {}).get(path.name) or path.read_text()
+        lines = source.splitlines()
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and "#" not in lines[node.lineno - 1]:
+                    bad.append(f"{module_name(path, root)}:{node.lineno}")
+    return bad
+
+
+def test_imports_inside_functions_say_why():
+    assert unexplained_function_imports(PACKAGE) == []
+
+
+def test_a_planted_function_import_is_found():
+    plain = (PACKAGE / "decoding" / "plain.py").read_text() + "\n\ndef late():\n    import json\n"
+    assert unexplained_function_imports(PACKAGE, {"plain.py": plain}) != []

@@ -19,6 +19,8 @@ import tokenize as pytokenize
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
@@ -103,9 +105,7 @@ def corpus_manifest(split: str = "train", root: Path | None = None) -> dict:
 def train_tokenizer(texts, vocab_size: int = 4096):
     """Byte-level BPE over `texts` with the project's special tokens first
     (ids 0 and 1)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     # No prefix space: code must round-trip byte for byte.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -121,8 +121,6 @@ def train_tokenizer(texts, vocab_size: int = 4096):
 
 def load_tokenizer(path: str | Path | None = None):
     """The shipped tokenizer (or the one at `path`)."""
-    from tokenizers import Tokenizer
-
     path = Path(path) if path is not None else TOKENIZER_PATH
     if path.is_dir():
         path = path / "tokenizer.json"

@@ -17,6 +17,7 @@ of a step's measured time (drafting, verify, commit) added, so that
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,8 +134,6 @@ def load_prior(drafter_dir: str | Path, temperature: float) -> ConfidenceStats |
     """The scheduler prior shipped with a drafter (measured in the loop on the calibration
     prompts at the temperature nearest `temperature`), weighted as SHIPPED_PRIOR_ROWS rows;
     None if the drafter has none."""
-    import json
-
     path = Path(drafter_dir) / PRIOR_FILE
     if not path.is_file():
         return None

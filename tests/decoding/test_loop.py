@@ -200,7 +200,7 @@ def test_cli_glue_parses_and_generates(capsys, tmp_path):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     train_sub = sub.add_parser("train").add_subparsers(dest="what")
-    train_cli.add_train_dflash(train_sub)
+    train_cli.add_train(train_sub)
     args = parser.parse_args(["train", "dflash", "--minutes", "5", "--layers", "1", "--resume"])
     assert args.minutes == 5 and args.layers == 1 and args.resume and callable(args.func)
 

@@ -313,16 +313,24 @@ def test_train_subcommands_parse():
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="what")
-    cli.add_train_dflash2(sub)
-    cli.add_train_dspark(sub)
+    cli.add_train(sub)
     args = parser.parse_args(["dflash2", "--minutes", "7", "--init-from", "x", "--selector-topk", "8", "--no-bf16"])
-    a = DFlash2TrainArgs(**cli.common_drafter_args(args), selector_topk=args.selector_topk)
+    a = cli.train_args(args)
+    assert isinstance(a, DFlash2TrainArgs)
     assert (a.minutes, a.init_from, a.selector_topk, a.bf16, a.out) == (7.0, "x", 8, False, "runs/dflash2")
-    assert args.func is cli.run_train_dflash2
+    assert args.func is cli.run_train and cli.TRAINERS[args.trainer][2].__module__ == "flashspark.train.dflash2"
     args = parser.parse_args(["dspark", "--resume", "--data-from", "runs/dflash", "--markov-rank", "32"])
-    a = DSparkTrainArgs(**cli.common_drafter_args(args), markov_rank=args.markov_rank)
+    a = cli.train_args(args)
+    assert isinstance(a, DSparkTrainArgs)
     assert (a.resume, a.data_from, a.markov_rank, a.export.endswith("dspark")) == (True, "runs/dflash", 32, True)
-    assert args.func is cli.run_train_dspark
+    assert args.func is cli.run_train and cli.TRAINERS[args.trainer][2].__module__ == "flashspark.train.dspark"
+    # every option the old mapping carried, for each trainer: the dataclass gets what was given
+    args = parser.parse_args(["target", "--layers", "3", "--hidden-size", "64", "--eval-every", "2", "--export", "e"])
+    a = cli.train_args(args)
+    assert (a.num_hidden_layers, a.hidden_size, a.eval_every_min, a.export, a.bf16) == (3, 64, 2.0, "e", True)
+    args = parser.parse_args(["dflash", "--no-init-layers", "--target", "t", "--gen-frac", "0.5"])
+    a = cli.train_args(args)
+    assert (a.init_layers, a.target, a.gen_frac, a.out, a.command) == (False, "t", 0.5, "runs/dflash", "")
 
 
 def test_position_weights_and_block_targets():

@@ -12,7 +12,7 @@ import sys
 from .common import ArgParser, check_args, fail
 from .fit import add_fit_prior, add_fit_proxy
 from .generate import add_generate
-from .train import add_train_dflash, add_train_dflash2, add_train_dspark, add_train_target
+from .train import add_train
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,13 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train an embedded default model")
     train_sub = train.add_subparsers(dest="what", required=True)
-    add_train_target(train_sub)
-
-    add_train_dflash(train_sub)
-    add_train_dflash2(train_sub)
-    add_train_dspark(train_sub)
+    add_train(train_sub)
     add_generate(sub)
-
     add_fit_proxy(sub)
     add_fit_prior(sub)
     return parser

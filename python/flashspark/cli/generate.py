@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .. import data
-from ..decoding.plain import generate, generate_text
+from ..decoding.plain import encode_prompts, generate, generate_text
 from ..methods import DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
 from ..models import load_model
 from ..models.dflash2 import PATH_MODES
@@ -47,15 +47,20 @@ def add_generate(sub) -> None:
     p.set_defaults(func=run_generate)
 
 
-def run_generate(args) -> int:
-    if args.method != "ar":
-        return run_generate_spec(args, args.method)
+def load_run(args):
+    """The prompts, tokenizer and target model `generate` runs on (threads set first)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args)
     tok = load_tokenizer(args.tokenizer)
     dtype = torch.float32 if args.device == "cpu" else None
-    model = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
+    return prompts, tok, load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
+
+
+def run_generate(args) -> int:
+    if args.method != "ar":
+        return run_generate_spec(args, args.method)
+    prompts, tok, model = load_run(args)
     texts, stats = generate_text(
         model,
         tok,
@@ -140,20 +145,11 @@ def run_generate_spec(args, method: str) -> int:
     texts, then tau, tokens/s and the speedup over plain decoding (stderr)."""
 
     check_generate_spec_args(args, method)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    prompts = read_prompts(args)
-    tok = load_tokenizer(args.tokenizer)
-    dtype = torch.float32 if args.device == "cpu" else None
-    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
+    prompts, tok, target = load_run(args)
     spec = MethodSpec(method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay)
     decode = make_decoder(spec, target, drafter_dir=args.drafter)
     eos = data.special_token_ids(tok)["eot"] if args.stop_at_eos else None
-    ids = []
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        ids.append(tok.encode(p, add_special_tokens=False).ids)
+    ids = encode_prompts(tok, prompts)
     batch = args.batch_size or len(ids)
     chunks = [ids[i : i + batch] for i in range(0, len(ids), batch)]
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, eos_id=eos)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data import special_token_ids
 from ..models.qwen3 import Qwen3ForCausalLM
 from .stats import Clock
 
@@ -138,6 +139,16 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, top_p, generato
     }
 
 
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt (no special tokens added); an empty prompt is an error."""
+    ids = []
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+        ids.append(tokenizer.encode(p, add_special_tokens=False).ids)
+    return ids
+
+
 def generate_text(
     model,
     tokenizer,
@@ -151,13 +162,7 @@ def generate_text(
 ) -> tuple[list[str], dict]:
     """`generate` on text: returns the decoded continuation of each prompt
     (without a final <|endoftext|>) and the stats."""
-    from ..data import special_token_ids
-
-    ids = []
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-        ids.append(tokenizer.encode(p, add_special_tokens=False).ids)
+    ids = encode_prompts(tokenizer, prompts)
     eos = special_token_ids(tokenizer)["eot"]
     out, stats = generate(
         model, ids, max_new_tokens, temperature, top_p, seed, eos_id=eos if stop_at_eos else None, batch_size=batch_size

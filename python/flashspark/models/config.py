@@ -11,6 +11,19 @@ import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# What a drafter's layers take from its target: widths, attention shape, norm and RoPE constants.
+DRAFTER_SHARED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "max_position_embeddings",
+)
+
 
 @dataclass
 class Qwen3Config:
@@ -89,6 +102,10 @@ class Qwen3Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def drafter_shared(self) -> dict:
+        """The fields a drafter built for this target copies (DRAFTER_SHARED_FIELDS)."""
+        return {name: getattr(self, name) for name in DRAFTER_SHARED_FIELDS}
 
     def save(self, path: str | Path) -> None:
         path = Path(path)

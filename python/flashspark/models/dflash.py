@@ -34,13 +34,14 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .. import ops, reference
 from ..ops.sampling import PURPOSE_DRAFT, sample_logits
 from .config import Qwen3Config
 from .drafter import DraftBlock
-from .qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, RMSNorm, apply_rope
+from .qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, RMSNorm, apply_rope, init_gpt2_
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -91,16 +92,8 @@ class DFlashConfig(Qwen3Config):
     ) -> "DFlashConfig":
         """A drafter with the target's widths and feature layers."""
         return cls(
-            hidden_size=target.hidden_size,
-            intermediate_size=target.intermediate_size,
+            **target.drafter_shared(),
             num_hidden_layers=num_hidden_layers,
-            num_attention_heads=target.num_attention_heads,
-            num_key_value_heads=target.num_key_value_heads,
-            head_dim=target.head_dim,
-            rms_norm_eps=target.rms_norm_eps,
-            rope_theta=target.rope_theta,
-            max_position_embeddings=target.max_position_embeddings,
-            vocab_size=target.vocab_size,
             block_size=block_size,
             mask_token_id=mask_token_id,
             target_layer_ids=target_layer_ids(target.num_hidden_layers, num_features),
@@ -222,17 +215,8 @@ class DFlashDrafter(nn.Module):
         return self._shared["head"]
 
     def init_weights(self, seed: int = 0) -> None:
-        """Same scheme as the target: N(0, 0.02), residual outputs scaled down."""
-        g = torch.Generator().manual_seed(seed)
-        resid_std = 0.02 / (2 * max(1, self.config.num_hidden_layers)) ** 0.5
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                    p.copy_(torch.randn(p.shape, generator=g) * resid_std)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+        """Same scheme as the target's."""
+        init_gpt2_(self, self.config.num_hidden_layers, seed)
 
     # ------------------------------------------------------------------ pieces
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -426,8 +410,6 @@ def packed_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, 
 # ---------------------------------------------------------------------- I/O
 def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """config.json + model.safetensors holding only the drafter's own weights."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
@@ -439,8 +421,6 @@ def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = t
 def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None, use_ops: bool = True):
     """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory,
     attached to `target` (dtype and device follow the target by default)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"drafter directory {path} not found")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from .config import Qwen3Config
 from .qwen3 import Qwen3ForCausalLM
@@ -52,8 +53,6 @@ def _weight_files(path: Path) -> list[Path]:
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (every shard)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
@@ -106,8 +105,6 @@ def load_model(
 
 def save_model(model: Qwen3ForCausalLM, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """Write config.json and model.safetensors with HF Qwen3 tensor names."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     names = hf_parameter_names(model.config)

@@ -200,6 +200,22 @@ def _plan(
     return _CachePlan(rows, b_idx, pos_idx, kv_len, mask), positions.clamp(max=L - 1)
 
 
+def init_gpt2_(module: nn.Module, num_layers: int, seed: int = 0) -> None:
+    """GPT-2 style init: N(0, 0.02), norms 1, residual projections scaled down by
+    sqrt(2 * layers) so the residual stream starts near unit scale."""
+    g = torch.Generator().manual_seed(seed)
+    std = 0.02
+    resid_std = std / math.sqrt(2 * max(1, num_layers))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.copy_(torch.randn(p.shape, generator=g) * resid_std)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
 class Qwen3ForCausalLM(nn.Module):
     def __init__(self, config: Qwen3Config):
         super().__init__()
@@ -211,19 +227,7 @@ class Qwen3ForCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ setup
     def init_weights(self, seed: int = 0) -> None:
-        """GPT-2 style init: N(0, 0.02), residual projections scaled down by
-        sqrt(2 * layers) so the residual stream starts near unit scale."""
-        g = torch.Generator().manual_seed(seed)
-        std = 0.02
-        resid_std = std / math.sqrt(2 * self.config.num_hidden_layers)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                    p.copy_(torch.randn(p.shape, generator=g) * resid_std)
-                else:
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+        init_gpt2_(self, self.config.num_hidden_layers, seed)
 
     def new_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> KVCache:
         """Zeroed static cache for `batch_size` requests of up to `max_len` tokens."""

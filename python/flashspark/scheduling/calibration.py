@@ -96,10 +96,10 @@ def calibration_report(
 
 def plot_reliability(reports: dict[str, dict], path: str, title: str = "prefix survival reliability") -> None:
     """One line per named report: observed vs predicted prefix survival, with the diagonal."""
-    import matplotlib
+    import matplotlib  # lazy: 0.26 s to import, and only the calibration plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy, as above
 
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="perfect")

@@ -17,10 +17,11 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from .. import data
 from ..models import load_model
-from ..models.dflash import DFlashDrafter, block_mask, packed_blocks
+from ..models.dflash import DFlashDrafter, block_mask, load_dflash, packed_blocks
 
 
 def lr_at(progress: float, a) -> float:
@@ -48,7 +49,21 @@ DECAY = {8: 4.0, 10: 5.0, 16: 7.0}  # gamma_d of the DFlash paper per block size
 
 
 @dataclass
-class DFlashTrainArgs:
+class RunArgs:
+    """The options of every budgeted, resumable training run; each trainer's args add its own."""
+
+    resume: bool = False
+    threads: int = 2
+    seed: int = 0
+    grad_clip: float = 1.0
+    bf16: bool = True  # bf16 autocast (fp32 master weights)
+    eval_every_min: float = 5.0
+    ckpt_every_min: float = 5.0
+    command: str = ""  # the command line, kept in the run's summary
+
+
+@dataclass
+class DFlashTrainArgs(RunArgs):
     out: str = "runs/dflash"
     export: str = str(data.ASSETS_DIR / "dflash")
     target: str = str(data.ASSETS_DIR / "target")
@@ -56,9 +71,6 @@ class DFlashTrainArgs:
     gen_frac: float = 0.3  # share of the budget spent generating target continuations
     max_sequences: int = 8192  # cap on generated sequences (memory: ~0.65 MB each)
     export_reserve_min: float = 2.5
-    resume: bool = False
-    threads: int = 2
-    seed: int = 0
     layers: int = 2
     block_size: int = 8
     decay: float = 0.0  # gamma_d; 0 = the paper's value for the block size
@@ -72,13 +84,35 @@ class DFlashTrainArgs:
     min_lr_frac: float = 0.05
     warmup_frac: float = 0.03
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    bf16: bool = True
     init_layers: bool = False  # start the decoder layers from the target's top layers
-    eval_every_min: float = 5.0
-    ckpt_every_min: float = 5.0
     eval_sequences: int = 64
-    command: str = ""
+    data_from: str = ""  # run directory whose generated data / eval set to reuse ("" = generate)
+
+    def gamma_d(self) -> float:
+        """γ_d of the position weights: --decay, else the DFlash paper's value for γ (γ/2 off its table)."""
+        return self.decay or DECAY.get(self.block_size, self.block_size / 2)
+
+
+@dataclass
+class DerivedDrafterArgs(DFlashTrainArgs):
+    """A drafter on a DFlash backbone (DFlash 2, DSpark), which may start from a trained one."""
+
+    init_from: str = ""  # DFlash drafter directory to start the backbone from ("" = fresh)
+
+
+def start_backbone(drafter, a: DerivedDrafterArgs, target, log) -> None:
+    """Load --init-from's DFlash backbone into `drafter` (not on --resume: the checkpoint has it)."""
+    if not a.init_from or a.resume:
+        return
+    base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
+    want = drafter.config
+    if base.config.block_size != want.block_size or base.config.num_hidden_layers != want.num_hidden_layers:
+        raise ValueError(
+            f"--init-from {a.init_from} has block size {base.config.block_size} and "
+            f"{base.config.num_hidden_layers} layers; this run wants {want.block_size} and {want.num_hidden_layers}"
+        )
+    drafter.load_dflash_backbone(base.state_dict())
+    log(f"backbone from {a.init_from}")
 
 
 @torch.no_grad()
@@ -117,8 +151,6 @@ def random_prompts(ids: np.ndarray, n: int, length: int, rng: np.random.Generato
 
 def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float, out: Path, log) -> dict:
     """Generate sequences for `seconds` (or until max_sequences), saved in out/data."""
-    from tqdm import tqdm
-
     ddir = out / "data"
     ddir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng([a.seed, 1])
@@ -193,17 +225,27 @@ def _log_to(out: Path):
     return log
 
 
+@dataclass
+class TrainedRun:
+    """What the budgeted loop hands to a trainer's export."""
+
+    step: int
+    elapsed: float  # training seconds, over every session of the run
+    history: list  # the held-out evaluations
+    prior_wall: float  # wall seconds of the sessions this one resumed
+    wall_start: float  # time.time() when this session started
+    sequences: int  # the data pool's size and sequence length
+    seq_len: int
+
+
 def train_drafter(
     a, drafter, target, config, pool: dict, loss_fn: Callable, eval_fn: Callable, wall_start: float, log, desc: str
-):
+) -> TrainedRun:
     """The budgeted training loop of every drafter trainer (DFlash, DFlash 2, DSpark).
 
     loss_fn(drafter, feats, tokens, labels, anchors, idx) -> (loss, {name: float} for the bar);
-    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}. Returns (step, elapsed, history,
-    prior_wall), prior_wall being the wall seconds of the runs this one resumed.
+    eval_fn(drafter) -> {"tau": float, "acceptance": [...], ...}.
     """
-    from tqdm import tqdm
-
     out = Path(a.out)
     ckpt_path = out / "ckpt.pt"
     budget = a.minutes * 60.0
@@ -309,7 +351,7 @@ def train_drafter(
             next_ckpt = elapsed + a.ckpt_every_min * 60
     bar.close()
     save_ckpt()
-    return step, elapsed, history, prior_wall
+    return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L)
 
 
 def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Tensor:
@@ -427,12 +469,17 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
     }
 
 
-def run_facts(a, config, target, decay: float, sequences: int, seq_len: int) -> dict:
-    """What every drafter's summary and model card record about its run: the data, the decay,
-    the machine, the arguments, the config and the target."""
+def run_facts(a, config, target, decay: float, run: TrainedRun) -> dict:
+    """What every drafter's summary and model card record about its run: steps, times (the wall
+    time of every session, export included), the evaluations, the data, the decay, the machine,
+    the arguments, the config and the target."""
     return {
-        "sequences": sequences,
-        "seq_len": seq_len,
+        "step": run.step,
+        "train_minutes": run.elapsed / 60,
+        "wall_minutes": (run.prior_wall + time.time() - run.wall_start) / 60,
+        "history": run.history,
+        "sequences": run.sequences,
+        "seq_len": run.seq_len,
         "decay": decay,
         "hardware": hardware_string(),
         "torch": torch.__version__,

@@ -25,74 +25,38 @@ from pathlib import Path
 import torch
 
 from .. import data
-from ..models import load_model
+from ..decoding.loop import speculative_generate
 from ..models.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflash
 from .common import (
-    DECAY,
     DFlashTrainArgs,
-    _log_to,
     block_loss,
-    build_pool,
+    data_pool,
+    eval_set,
     evaluate,
-    generate_sequences,
     init_from_target,
-    load_pool,
     publish,
     run_facts,
+    setup_run,
     train_drafter,
 )
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash"
 
 
-# ------------------------------------------------------------------- data
-
-
-# ------------------------------------------------------------------- loss
-
-
-# ------------------------------------------------------------------- train
-
-
 def train(a: DFlashTrainArgs) -> dict:
     wall_start = time.time()
-    torch.set_num_threads(a.threads)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = _log_to(out)
-    ckpt_path = out / "ckpt.pt"
-    if a.resume and not ckpt_path.is_file():
-        raise FileNotFoundError(f"--resume given but no checkpoint {ckpt_path}")
-    budget = a.minutes * 60.0
-    tok = data.load_tokenizer()
+    out, log, tok, target = setup_run(a)
     special = data.special_token_ids(tok)
-    target = load_model(a.target, dtype=torch.float32)
-    for p in target.parameters():
-        p.requires_grad_(False)
     config = DFlashConfig.for_target(
         target.config, num_hidden_layers=a.layers, block_size=a.block_size, mask_token_id=special["mask"]
     )
     g = config.block_size
-    decay = a.decay or DECAY.get(g, g / 2)
+    decay = a.gamma_d()
     layer_ids = config.target_layer_ids
 
-    # Held-out evaluation set: greedy continuations of held-out code prompts (what the benchmark decodes).
-    ev_prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
-    ev_path = out / "eval.pt"
-    if ev_path.is_file():
-        ev = torch.load(ev_path)
-    else:
-        ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, ev_prompts, 128, layer_ids)))
-        torch.save(ev, ev_path)
-
-    pool = load_pool(out) if a.resume else None
-    if pool is None:
-        gen_budget = max(30.0, a.gen_frac * budget - (time.time() - wall_start))
-        train_ids = data.split_token_ids("train", tok, out / "cache")
-        pool = build_pool(target, a, layer_ids, train_ids, gen_budget, out, log)
-    else:
-        log(f"reusing {pool['tokens'].shape[0]} generated sequences from {out / 'data'}")
-    N, L = pool["tokens"].shape
+    ev = eval_set(target, a, layer_ids, out, tok)  # greedy continuations of held-out code prompts
+    gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
+    pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
 
     torch.manual_seed(a.seed)
     drafter = DFlashDrafter(config, target, use_ops=False)
@@ -108,31 +72,12 @@ def train(a: DFlashTrainArgs) -> dict:
     def eval_fn(d):
         return evaluate(d, ev, a.prompt_tokens, bf16=a.bf16)
 
-    step, elapsed, history, prior_wall = train_drafter(
-        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash"
-    )
-    return export(
-        drafter,
-        target,
-        ev,
-        a,
-        config,
-        history,
-        step,
-        elapsed,
-        N,
-        L,
-        decay,
-        wall_minutes=(prior_wall + time.time() - wall_start) / 60,
-        log=log,
-    )
+    run = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash")
+    return export(drafter, target, ev, a, config, run, decay, log)
 
 
-def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_len, decay, wall_minutes, log) -> dict:
+def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out acceptance and a real speculative run."""
-    from ..decoding.loop import speculative_generate
-
-    t0 = time.time()
     export_dir = Path(a.export)
     save_dflash(drafter, export_dir, dtype=torch.bfloat16)
     shipped = load_dflash(export_dir, target, dtype=torch.float32)
@@ -141,15 +86,11 @@ def export(drafter, target, ev, a, config, history, step, elapsed, n_seq, seq_le
     prompts = data.heldout_prompts("code", 8, a.prompt_tokens, tok)
     _, spec = speculative_generate(target, shipped, prompts, max_new_tokens=96)
     summary = {
-        "step": step,
-        "train_minutes": elapsed / 60,
-        "wall_minutes": wall_minutes + (time.time() - t0) / 60,
         "final": final,
         "spec_tau": spec["tau"],
         "spec_acceptance": spec["acceptance_per_position"],
-        "history": history,
         "params": shipped.num_parameters(),
-        **run_facts(a, config, target, decay, n_seq, seq_len),
+        **run_facts(a, config, target, decay, run),
     }
     publish(summary, a.out, export_dir, write_model_card)
     log(

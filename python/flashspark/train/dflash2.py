@@ -28,11 +28,10 @@ from pathlib import Path
 import torch
 
 from .. import data, ops
-from ..models.dflash import load_dflash
+from ..models.dflash import block_mask, packed_blocks
 from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
 from .common import (
-    DECAY,
-    DFlashTrainArgs,
+    DerivedDrafterArgs,
     block_loss,
     block_targets,
     data_pool,
@@ -43,6 +42,7 @@ from .common import (
     publish,
     run_facts,
     setup_run,
+    start_backbone,
     train_drafter,
 )
 
@@ -50,18 +50,13 @@ DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
 
 
 @dataclass
-class DFlash2TrainArgs(DFlashTrainArgs):
+class DFlash2TrainArgs(DerivedDrafterArgs):
     out: str = "runs/dflash2"
     export: str = str(DEFAULT_EXPORT)
-    init_from: str = ""  # DFlash drafter directory to start the backbone from ("" = fresh)
-    data_from: str = ""  # run directory whose generated data/eval set to reuse ("" = generate)
     selector_rank: int = 64
     selector_topk: int = 16
     selector_weight: float = 1.0  # weight of the selector CE next to the backbone CE
     path_mode: str = "backtrack"  # path mode of the held-out evaluation
-
-
-# ------------------------------------------------------------------- pieces shared with DSpark
 
 
 # ------------------------------------------------------------------- DFlash 2 loss and evaluation
@@ -117,8 +112,6 @@ def evaluate_paths(
     Also the backbone's own argmax acceptance, Top-K coverage and the teacher-forced
     selector top-1 for comparison.
     """
-    from ..models.dflash import block_mask, packed_blocks
-
     was = drafter.training
     drafter.eval()
     g = drafter.block_size
@@ -181,7 +174,7 @@ def train(a: DFlash2TrainArgs) -> dict:
         selector_topk=a.selector_topk,
     )
     g = config.block_size
-    decay = a.decay or DECAY.get(g, g / 2)
+    decay = a.gamma_d()
     layer_ids = config.target_layer_ids
     ev = eval_set(target, a, layer_ids, out, tok)
     gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
@@ -191,15 +184,7 @@ def train(a: DFlash2TrainArgs) -> dict:
     drafter = DFlash2Drafter(config, target, use_ops=False)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, False)  # the final norm; layer copy would miss the convs
-    if a.init_from and not a.resume:
-        base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
-        if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
-            raise ValueError(
-                f"--init-from {a.init_from} has block size {base.config.block_size} and "
-                f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}"
-            )
-        drafter.load_dflash_backbone(base.state_dict())
-        log(f"backbone from {a.init_from}")
+    start_backbone(drafter, a, target, log)
     weights = position_weights(g, decay)
 
     def loss_fn(d, feats, tokens, labels, anchors, idx):
@@ -208,26 +193,11 @@ def train(a: DFlash2TrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_paths(d, ev, a.prompt_tokens, a.path_mode)
 
-    step, elapsed, history, prior_wall = train_drafter(
-        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash2"
-    )
-    return export(
-        drafter,
-        target,
-        ev,
-        a,
-        config,
-        history,
-        step,
-        elapsed,
-        pool["tokens"].shape,
-        decay,
-        (prior_wall + time.time() - wall_start) / 60,
-        log,
-    )
+    run = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dflash2")
+    return export(drafter, target, ev, a, config, run, decay, log)
 
 
-def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, decay, wall_minutes, log) -> dict:
+def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out path and backbone acceptance."""
     export_dir = Path(a.export)
     save_dflash2(drafter, export_dir, dtype=torch.bfloat16)
@@ -235,16 +205,12 @@ def export(drafter, target, ev, a, config, history, step, elapsed, pool_shape, d
     final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
     dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric
     summary = {
-        "step": step,
-        "train_minutes": elapsed / 60,
-        "wall_minutes": wall_minutes,
         "final": final,
         "backbone_final": dflash_eval,
-        "history": history,
         "params": shipped.num_parameters(),
         "selector_params": sum(p.numel() for p in shipped.selector.parameters()),
         "conv_params": sum(p.numel() for m in shipped.convs() for p in m.parameters()),
-        **run_facts(a, config, target, decay, int(pool_shape[0]), int(pool_shape[1])),
+        **run_facts(a, config, target, decay, run),
     }
     publish(summary, a.out, export_dir, write_model_card)
     log(

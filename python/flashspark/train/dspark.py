@@ -35,13 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from .. import data
-from ..models.dflash import block_mask, load_dflash, packed_blocks
+from ..models.dflash import block_mask, packed_blocks
 from ..models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
 from ..scheduling.calibration import calibration_report as block_calibration_report
 from ..scheduling.calibration import expected_calibration_error
 from .common import (
-    DECAY,
-    DFlashTrainArgs,
+    DerivedDrafterArgs,
     block_targets,
     data_pool,
     eval_set,
@@ -51,6 +50,7 @@ from .common import (
     publish,
     run_facts,
     setup_run,
+    start_backbone,
     train_drafter,
 )
 
@@ -58,11 +58,9 @@ DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
 
 
 @dataclass
-class DSparkTrainArgs(DFlashTrainArgs):
+class DSparkTrainArgs(DerivedDrafterArgs):
     out: str = "runs/dspark"
     export: str = str(DEFAULT_EXPORT)
-    init_from: str = ""
-    data_from: str = ""
     markov_rank: int = 64
     target_topk: int = 32  # Top-K of the target's distribution kept for TV and c*
     ce_weight: float = 0.1
@@ -279,7 +277,7 @@ def train(a: DSparkTrainArgs) -> dict:
         markov_rank=a.markov_rank,
     )
     g = config.block_size
-    decay = a.decay or DECAY.get(g, g / 2)
+    decay = a.gamma_d()
     layer_ids = config.target_layer_ids
     ev = eval_set(target, a, layer_ids, out, tok)
     calib_path = out / "calib.pt"
@@ -303,15 +301,7 @@ def train(a: DSparkTrainArgs) -> dict:
     drafter = DSparkDrafter(config, target, use_ops=False)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, False)
-    if a.init_from and not a.resume:
-        base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
-        if base.config.block_size != g or base.config.num_hidden_layers != a.layers:
-            raise ValueError(
-                f"--init-from {a.init_from} has block size {base.config.block_size} and "
-                f"{base.config.num_hidden_layers} layers; this run wants {g} and {a.layers}"
-            )
-        drafter.load_dflash_backbone(base.state_dict())
-        log(f"backbone from {a.init_from}")
+    start_backbone(drafter, a, target, log)
     weights = position_weights(g, decay, first=0)  # exp(-k/γ_d), k = 1..γ-1
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
@@ -321,15 +311,11 @@ def train(a: DSparkTrainArgs) -> dict:
     def eval_fn(d):
         return evaluate_dspark(d, ev, a.prompt_tokens)
 
-    step, elapsed, history, _ = train_drafter(
-        a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dspark"
-    )
-    return export(
-        drafter, target, ev, calib, a, config, history, step, elapsed, pool["tokens"].shape, decay, wall_start, log
-    )
+    run = train_drafter(a, drafter, target, config, pool, loss_fn, eval_fn, wall_start, log, "train dspark")
+    return export(drafter, target, ev, calib, a, config, run, decay, log)
 
 
-def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_shape, decay, wall_start, log) -> dict:
+def export(drafter, target, ev, calib, a, config, run, decay, log) -> dict:
     """Calibrate, write the bf16 drafter with calibration.json, and measure what ships."""
     cal = calibrate(drafter, calib, ev, a.prompt_tokens)
     export_dir = Path(a.export)
@@ -337,15 +323,11 @@ def export(drafter, target, ev, calib, a, config, history, step, elapsed, pool_s
     shipped = load_dspark(export_dir, target, dtype=torch.float32)
     final = evaluate_dspark(shipped, ev, a.prompt_tokens)
     summary = {
-        "step": step,
-        "train_minutes": elapsed / 60,
-        "wall_minutes": (time.time() - wall_start) / 60,
         "final": final,
         "calibration": cal,
-        "history": history,
         "params": shipped.num_parameters(),
         "head_params": sum(p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_", "conf_"))),
-        **run_facts(a, config, target, decay, int(pool_shape[0]), int(pool_shape[1])),
+        **run_facts(a, config, target, decay, run),
     }
     publish(summary, a.out, export_dir, write_model_card)
     b, f = cal["before"]["eval_split"], final["calibration"]

@@ -20,45 +20,32 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from .. import data
 from ..models import Qwen3Config, Qwen3ForCausalLM, load_model, save_model
-from .common import (
-    hardware_string,
-    lr_at,
-)
+from .common import RunArgs, hardware_string, lr_at
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "target"
 
 
 @dataclass
-class TrainArgs:
+class TrainArgs(RunArgs):
     out: str = "runs/target"
     export: str = str(DEFAULT_EXPORT)
     tokenizer: str = str(data.TOKENIZER_PATH)
     minutes: float = 60.0
-    resume: bool = False
-    threads: int = 2
-    seed: int = 0
     batch_size: int = 16
     seq_len: int = 256
     lr: float = 2e-3
     min_lr_frac: float = 0.1
     warmup_frac: float = 0.02
     weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    bf16: bool = True  # bf16 autocast (fp32 master weights)
-    eval_every_min: float = 5.0
     eval_windows: int = 64
-    ckpt_every_min: float = 5.0
-    num_hidden_layers: int = 8
-    hidden_size: int = 256
-    intermediate_size: int = 768
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 64
-    max_position_embeddings: int = 2048
-    command: str = ""
+    # The widths the CLI exposes; the rest of the architecture is Qwen3Config's default.
+    num_hidden_layers: int = Qwen3Config.num_hidden_layers
+    hidden_size: int = Qwen3Config.hidden_size
+    intermediate_size: int = Qwen3Config.intermediate_size
 
 
 def get_tokenizer(path: Path):
@@ -141,8 +128,6 @@ def _log(out: Path, record: dict) -> None:
 
 def train(a: TrainArgs) -> dict:
     """Run (or resume) training for `a.minutes` of training time and export."""
-    from tqdm import tqdm
-
     torch.set_num_threads(a.threads)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,10 +148,6 @@ def train(a: TrainArgs) -> dict:
         hidden_size=a.hidden_size,
         intermediate_size=a.intermediate_size,
         num_hidden_layers=a.num_hidden_layers,
-        num_attention_heads=a.num_attention_heads,
-        num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim,
-        max_position_embeddings=a.max_position_embeddings,
         tie_word_embeddings=True,
         torch_dtype="float32",
         eos_token_id=special["eot"],
