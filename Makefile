@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 MAX_JOBS   ?= 2
 SOURCES    := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: all demo test bench build clean cmake lint format
+.PHONY: all demo test bench build clean cmake lint format cuda-on-cpu
 
 all: test
 
@@ -42,7 +42,8 @@ demo: build
 
 # Style: ruff (lint + format) for Python, clang-format for C++/CUDA (configs:
 # pyproject.toml, .clang-format). `make format` applies them.
-CXX_SOURCES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.cpp' 'bench/cpp/*')
+CXX_SOURCES = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.cpp' 'bench/cpp/*' \
+                'tests/cuda_on_cpu/*.h' 'tests/cuda_on_cpu/*.cpp' 'tests/cuda_on_cpu/*.cuh')
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check python tests bench
 	$(VENV)/bin/ruff format --check python tests bench
@@ -52,6 +53,16 @@ format: $(VENV)/.deps
 	$(VENV)/bin/ruff check --fix python tests bench
 	$(VENV)/bin/ruff format python tests bench
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
+
+# The CUDA kernels on the CPU (tests/cuda_on_cpu): every kernel against its CPU kernel under
+# AddressSanitizer and UndefinedBehaviorSanitizer, then the planted bugs that must fail.
+# Needs cmake and a C++20 compiler only (no torch, no GPU).
+COC_SUITES = coc_layer coc_verify coc_dflash coc_dflash2 coc_dspark
+cuda-on-cpu:
+	cmake -S . -B build/coc -DFLASHSPARK_CUDA=OFF -DCOC_SANITIZE=address,undefined > /dev/null
+	cmake --build build/coc -j $(MAX_JOBS) --target $(COC_SUITES)
+	ctest --test-dir build/coc -L cuda_on_cpu --output-on-failure
+	$(PYTHON_SYS) tests/cuda_on_cpu/mutants.py --build build/coc-mutants --jobs $(MAX_JOBS)
 
 bench: build
 	$(PY) bench/verify_bench.py

@@ -2,10 +2,11 @@
 # One script for a machine with an NVIDIA GPU (H200 class) whose python3
 # already holds a CUDA build of torch, pytest and ninja: build the extension
 # with CUDA and the torch-free kernels with CMake, run the CUDA tests, run the
-# kernel benchmarks, and write every result into DIR (seven files: summary.txt
-# with hardware, step statuses and benchmark tables; build.log; pytest_cuda.log;
-# sanitizer_bad_input.log; kernel_bench_cuda.txt; verify_bench_cuda.json;
-# drafter_ops_bench_cuda.json).
+# kernel benchmarks, and write every result into DIR (summary.txt with hardware,
+# step statuses and benchmark tables; build.log; pytest_cuda.log;
+# sanitizer_bad_input.log; sanitizer_<tool>_<suite>.log for the CUDA-vs-CPU
+# comparison drivers of tests/cuda_on_cpu built with nvcc; kernel_bench_cuda.txt;
+# verify_bench_cuda.json; drafter_ops_bench_cuda.json).
 # Downloads nothing. Budget: under 8 minutes.
 #   bash bench/gpu_check.sh DIR
 set -uo pipefail
@@ -41,6 +42,24 @@ if command -v compute-sanitizer > /dev/null; then
 else
   log "compute-sanitizer not found: skipped"
 fi
+
+log "CUDA-vs-CPU comparison drivers (tests/cuda_on_cpu, built with nvcc) under compute-sanitizer"
+# What the CPU layer cannot check: real CUB, 32-lane lockstep, the memory model, shared-memory races.
+SAN_DEADLINE=$((SECONDS + 150))
+for suite in verify dflash dflash2 dspark; do
+  exe=build/cmake/tests/cuda_on_cpu/coc_gpu_$suite
+  [ -x "$exe" ] || { log "$exe missing: skipped"; continue; }
+  for tool in memcheck racecheck synccheck; do
+    left=$((SAN_DEADLINE - SECONDS))
+    if [ "$left" -lt 10 ]; then log "sanitizer budget spent: $tool $suite skipped"; continue; fi
+    if command -v compute-sanitizer > /dev/null; then
+      timeout "$left" compute-sanitizer --tool "$tool" --error-exitcode 9 "$exe" > "$OUT_DIR/sanitizer_${tool}_$suite.log" 2>&1
+    else
+      timeout "$left" "$exe" > "$OUT_DIR/sanitizer_${tool}_$suite.log" 2>&1
+    fi
+    log "$tool $suite exit $? ($(grep -E 'checks (passed|failed)' "$OUT_DIR/sanitizer_${tool}_$suite.log" | tail -1))"
+  done
+done
 
 log "raw CUDA verify kernel (µs, GB/s, fraction of 4.8 TB/s)"
 timeout 90 ./build/cmake/flashspark_bench_cuda > "$OUT_DIR/kernel_bench_cuda.txt" 2>&1

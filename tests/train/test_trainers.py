@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from flashspark.models import load_model
 from flashspark.models.dflash import load_dflash
 from flashspark.models.dflash2 import load_dflash2

@@ -11,7 +11,8 @@
 
 #include "flashspark/common.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the clones' ifunc resolvers run before it is initialized.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define FS_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FS_CPU_CLONES
@@ -143,9 +144,11 @@ static inline int64_t first_equal(int64_t n, const float* x, float v) {
 // underflowing value, which no sum that contains exp(0) = 1 can notice. The clamp is
 // a select that vectorizes under -fno-trapping-math (setup.py, CMakeLists.txt).
 static inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  // n = round(x / ln 2) by truncating a non-negative number (a vector conversion, no call).
-  const int32_t ni = -int32_t(0.5f - x * 1.44269504088896341f);
+  x = x < -87.0f ? -87.0f : x;  // NaN stays NaN, and so does the result (callers detect it)
+  // n = round(x / ln 2) by truncating a non-negative number (a vector conversion, no call);
+  // from a copy in which NaN reads as -87, since converting NaN to an integer is undefined.
+  const float xn = x > -87.0f ? x : -87.0f;
+  const int32_t ni = -int32_t(0.5f - xn * 1.44269504088896341f);
   const float n = float(ni);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;

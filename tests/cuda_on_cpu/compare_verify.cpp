@@ -1,0 +1,170 @@
+// launch_verify on cuda_on_cpu against verify_cpu: one-hot, dense and sparse q, greedy and
+// sampled requests in one batch, ragged draft lengths (0, 1, ..., max_spec_len), fp32 / bf16 /
+// fp16, strided rows, odd vocabularies, and a request with bad input next to good ones.
+//
+// Outputs are integers (tokens, counts, status) and must match exactly. Both kernels draw the
+// same Philox numbers and run the same driver; only the order in which a row's softmax sum is
+// reduced differs (rounding near 1e-7 relative), which could flip a decision only for a
+// uniform within that distance of its threshold: the seeds here keep clear of such ties.
+#include <algorithm>
+
+#include "compare.h"
+#include "flashspark/cpu/verify.h"
+#include "flashspark/cuda/verify.cuh"
+
+using namespace flashspark;
+using coc_test::DeviceArray;
+
+namespace {
+
+struct Case {
+  int32_t vocab;
+  std::vector<int32_t> lengths;  // draft tokens per request
+  std::vector<float> temperatures;
+  DraftQ q_mode;
+  int32_t num_candidates = 0;  // sparse K
+  int32_t row_pad = 0;         // logits / dense q rows are this much longer than V (strided views)
+};
+
+template <class T>
+void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
+  std::mt19937_64 rng(seed);
+  const int32_t B = int32_t(c.lengths.size()), V = c.vocab;
+  int32_t max_spec = 0;
+  std::vector<int32_t> cu(B + 1, 0);
+  for (int32_t b = 0; b < B; ++b) {
+    cu[b + 1] = cu[b] + c.lengths[b];
+    max_spec = std::max(max_spec, c.lengths[b]);
+  }
+  const int32_t T_ = cu[B];
+  const int64_t stride = V + c.row_pad;
+  std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + B) * stride, rng, 2.f);
+  // Drafts: the row's argmax half of the time (so some requests accept), else a random id.
+  std::vector<int32_t> drafts(T_);
+  std::uniform_int_distribution<int32_t> any(0, V - 1);
+  for (int32_t b = 0; b < B; ++b)
+    for (int32_t i = cu[b]; i < cu[b + 1]; ++i) {
+      const T* row = logits.data() + (i + b) * stride;
+      int32_t best = 0;
+      for (int32_t v = 1; v < V; ++v)
+        if (coc_test::widen(row[v]) > coc_test::widen(row[best])) best = v;
+      drafts[i] = rng() % 2 ? best : any(rng);
+    }
+  int32_t bad = -1;  // the last request with a draft fails alone (status), the others are unaffected
+  for (int32_t b = 0; b < B; ++b)
+    if (c.lengths[b] > 0) bad = b;
+  if (with_bad_request && bad >= 0) drafts[cu[bad]] = V + 3;
+  std::vector<float> q_probs;
+  std::vector<int32_t> q_ids;
+  int64_t q_stride = 0;
+  if (c.q_mode == DraftQ::kDense) {
+    q_stride = stride;
+    q_probs.assign(size_t(std::max(T_, 1)) * q_stride, 0.f);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    for (int32_t i = 0; i < T_; ++i) {
+      float sum = 0.f;
+      for (int32_t v = 0; v < V; ++v) sum += q_probs[i * q_stride + v] = u(rng);
+      for (int32_t v = 0; v < V; ++v) q_probs[i * q_stride + v] /= sum;
+    }
+  } else if (c.q_mode == DraftQ::kSparse) {
+    const int32_t K = c.num_candidates;
+    q_stride = K;
+    q_probs.assign(size_t(std::max(T_, 1)) * K, 0.f);
+    q_ids.assign(size_t(std::max(T_, 1)) * K, 0);
+    std::uniform_real_distribution<float> u(0.05f, 1.f);
+    for (int32_t i = 0; i < T_; ++i) {
+      float sum = 0.f;
+      for (int32_t k = 0; k < K; ++k) {
+        // the draft first; a repeated id now and then (duplicates are summed)
+        q_ids[i * K + k] = k == 0                  ? std::clamp(drafts[i], 0, V - 1)
+                           : (k == K - 1 && K > 2) ? q_ids[i * K + 1]
+                                                   : any(rng);
+        sum += q_probs[i * K + k] = u(rng);
+      }
+      for (int32_t k = 0; k < K; ++k) q_probs[i * K + k] /= sum;
+    }
+  }
+  std::vector<float> temperature(B);
+  for (int32_t b = 0; b < B; ++b) temperature[b] = c.temperatures[b % c.temperatures.size()];
+  std::vector<int64_t> seeds(B), offsets(B);
+  for (int32_t b = 0; b < B; ++b) {
+    seeds[b] = int64_t(rng() >> 1);
+    offsets[b] = int64_t(rng() % 1000);
+  }
+
+  auto params = [&](const T* lg, const int32_t* dr, const int32_t* cu_p, const float* qp, const int32_t* qi,
+                    const float* tp, const int64_t* sd, const int64_t* of, int32_t* out, int32_t* acc, int32_t* st) {
+    VerifyParams<T> p;
+    p.logits = lg;
+    p.logits_row_stride = stride;
+    p.draft_tokens = dr;
+    p.cu_num_draft = cu_p;
+    p.q_mode = c.q_mode;
+    p.q_probs = c.q_mode == DraftQ::kOneHot ? nullptr : qp;
+    p.q_row_stride = q_stride;
+    p.q_ids = c.q_mode == DraftQ::kSparse ? qi : nullptr;
+    p.num_candidates = c.num_candidates;
+    p.temperature = tp;
+    p.seeds = sd;
+    p.offsets = of;
+    p.out_tokens = out;
+    p.out_num_accepted = acc;
+    p.status = st;
+    p.batch = B;
+    p.vocab = V;
+    p.max_spec_len = max_spec;
+    return p;
+  };
+
+  // CPU reference
+  std::vector<int32_t> out_cpu(size_t(B) * (max_spec + 1)), acc_cpu(B), st_cpu(B, -7);
+  cpu::verify_cpu(params(logits.data(), drafts.data(), cu.data(), q_probs.data(), q_ids.data(), temperature.data(),
+                         seeds.data(), offsets.data(), out_cpu.data(), acc_cpu.data(), st_cpu.data()),
+                  T_, coc_test::SerialFor{});
+
+  DeviceArray<T> d_logits(logits);
+  DeviceArray<int32_t> d_drafts(drafts), d_cu(cu), d_ids(q_ids);
+  DeviceArray<float> d_q(q_probs), d_temp(temperature);
+  DeviceArray<int64_t> d_seeds(seeds), d_offsets(offsets);
+  for (const auto& sched : coc_test::schedules()) {
+    cuda_on_cpu::set_schedule(sched);
+    coc_test::g_case = std::string("verify ") + coc_test::dtype_name<T>() + " V=" + std::to_string(V) +
+                       " q=" + std::to_string(int(c.q_mode)) + " B=" + std::to_string(B) + " seed " +
+                       std::to_string(seed) + (with_bad_request ? " +bad" : "") + " " +
+                       coc_test::order_name(sched.order) + std::to_string(sched.seed);
+    DeviceArray<int32_t> d_out{out_cpu.size()}, d_acc{size_t(B)}, d_st{size_t(B)};
+    const VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, d_q.ptr, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
+                                     d_offsets.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
+    coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_verify<T>(p, T_, nullptr); });
+    coc_test::expect_equal(d_out.host(), out_cpu, "out_tokens");
+    coc_test::expect_equal(d_acc.host(), acc_cpu, "num_accepted");
+    coc_test::expect_equal(d_st.host(), st_cpu, "status");
+  }
+  if (with_bad_request && bad >= 0)
+    COC_EXPECT(st_cpu[bad] == int32_t(Status::kDraftTokenRange), "request %d not failed", bad);
+}
+
+template <class T>
+void run_all() {
+  const std::vector<float> mixed = {0.f, 0.7f, 1.f, 1.5f};  // greedy and sampled requests together
+  const std::vector<Case> cases = {
+      {1, {0, 1, 2}, mixed, DraftQ::kOneHot},          {7, {3, 0, 1, 2}, mixed, DraftQ::kOneHot, 0, 3},
+      {37, {4, 1, 0, 3}, mixed, DraftQ::kDense, 0, 1}, {1001, {5, 0, 1, 2, 5}, mixed, DraftQ::kOneHot, 0, 5},
+      {1001, {3, 1, 0, 4}, mixed, DraftQ::kDense},     {2053, {2, 5, 1, 0}, mixed, DraftQ::kSparse, 4},
+      {523, {1, 3, 2}, {0.f}, DraftQ::kSparse, 1},     {4099, {6, 2}, {1.f, 0.f}, DraftQ::kOneHot, 0, 2},
+  };
+  uint64_t seed = 11;
+  for (const Case& c : cases) {
+    run_case<T>(c, seed++, false);
+    run_case<T>(c, seed++, true);
+  }
+}
+
+}  // namespace
+
+int main() {
+  run_all<float>();
+  run_all<bfloat16_t>();
+  run_all<float16_t>();
+  return coc_test::finish("verify");
+}
