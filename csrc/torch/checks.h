@@ -121,7 +121,7 @@ inline const char* status_message(Status s) {
     case Status::kSpecTooLong:
       return "argument 'cu_num_draft' gives a request more than max_spec_len draft tokens";
     case Status::kDraftTokenRange:
-      return "argument 'draft_tokens' holds a token id outside [0, V)";
+      return "argument 'draft_tokens' holds a token id outside [0, V) (other than the placeholder -1)";
     case Status::kCandidateRange:
       return "argument 'draft_probs_ids' holds a token id outside [0, V)";
     case Status::kBadTemperature:

@@ -39,7 +39,8 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   const int32_t T_ = cu[B];
   const int64_t stride = V + c.row_pad;
   std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + B) * stride, rng, 2.f);
-  // Drafts: the row's argmax half of the time (so some requests accept), else a random id.
+  // Drafts: the row's argmax half of the time (so some requests accept), else a random id, and
+  // now and then the placeholder -1 (rejected: the request emits the token sampled there).
   std::vector<int32_t> drafts(T_);
   std::uniform_int_distribution<int32_t> any(0, V - 1);
   for (int32_t b = 0; b < B; ++b)
@@ -48,12 +49,12 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
       int32_t best = 0;
       for (int32_t v = 1; v < V; ++v)
         if (coc_test::widen(row[v]) > coc_test::widen(row[best])) best = v;
-      drafts[i] = rng() % 2 ? best : any(rng);
+      drafts[i] = rng() % 7 == 0 ? kPlaceholderToken : rng() % 2 ? best : any(rng);
     }
   int32_t bad = -1;  // the last request with a draft fails alone (status), the others are unaffected
   for (int32_t b = 0; b < B; ++b)
     if (c.lengths[b] > 0) bad = b;
-  if (with_bad_request && bad >= 0) drafts[cu[bad]] = V + 3;
+  if (with_bad_request && bad >= 0) drafts[cu[bad]] = rng() % 2 ? V + 3 : -2;
   std::vector<float> q_probs;
   std::vector<int32_t> q_ids;
   int64_t q_stride = 0;

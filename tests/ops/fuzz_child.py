@@ -797,6 +797,7 @@ def verify_mutations(out_variant=False):
     add(t, "stride:draft_tokens:expand", "draft_tokens", _expand_drafts, "ok", ("drafts",))
     # values
     add_index_values(t, "draft_tokens", lambda m: m["V"], ("drafts",))
+    add(t, "value:draft_tokens:placeholder", "draft_tokens", m_set_elem(-1), "ok", ("drafts",))  # vLLM's -1
     add_index_values(t, "draft_probs_ids", lambda m: m["V"], ("drafts", "sparse"))
     add(t, "value:draft_probs_ids:duplicate", "draft_probs_ids", _duplicate_sparse_id, "ok", ("drafts", "sparse", "K2"))
     for kind in ["decreasing", "first", "last", "wrap"]:

@@ -253,6 +253,89 @@ def test_masked_logits_never_emitted(device):
     assert (emitted < 20).all()
 
 
+# ---------------------------------------------------------------- placeholders (vLLM's draft id -1)
+
+
+def test_greedy_placeholder_is_rejected(device):
+    logits = torch.full((4, 10), -1.0)
+    for row, tok in enumerate([3, 1, 4, 9]):
+        logits[row, tok] = 5.0
+    out, acc = _greedy_call(logits, [3, flashspark.ops.PLACEHOLDER_TOKEN, 4], [3], 3, device)
+    assert out.cpu().tolist() == [[3, 1, -1, -1]]  # the argmax at the placeholder, then nothing
+    assert acc.cpu().tolist() == [1]
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_placeholders_match_reference(device, q_mode, temperature):
+    logits, drafts, cu, kw = make_case([3, 0, 4, 2, 1], 37, q_mode=q_mode, temperature=temperature, device=device)
+    drafts = drafts.clone()
+    drafts[[0, 4, 6, 8, 9]] = -1  # first, middle and last positions of requests, and a lone draft
+    got, want = run_both(logits, drafts, cu, kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for b, pos in [(0, 0), (2, 1), (3, 1), (4, 0)]:  # rejected at its first placeholder (or earlier)
+        assert got[1][b] <= pos
+    assert (got[0] >= -1).all() and (got[0][got[0] >= 0] < 37).all()
+
+
+@pytest.mark.parametrize("bad", [-2, -(2**31), 37])
+def test_other_negative_or_large_ids_stay_errors(device, bad):
+    logits, drafts, cu, kw = make_case([2, 2], 37, device=device)
+    drafts = drafts.clone()
+    drafts[1] = bad
+    with pytest.raises(RuntimeError, match="'draft_tokens' holds a token id outside"):
+        flashspark.verify(logits, drafts, cu, **kw)
+
+
+def placeholder_trials(q_mode, device, n=30000):
+    """n requests of one draft, the placeholder, over the same target row (and dense q row)."""
+    g = torch.Generator().manual_seed(77)
+    row = torch.randn(2, STAT_V, generator=g) * 1.5
+    q = torch.softmax(torch.randn(STAT_V, generator=g) * 1.5, dim=-1)
+    kw = dict(
+        temperature=torch.ones(n, device=device),
+        seeds=torch.arange(n, dtype=torch.int64, device=device) + 5,
+        offsets=torch.zeros(n, dtype=torch.int64, device=device),
+        max_spec_len=1,
+    )
+    if q_mode == "dense":
+        kw["draft_probs"] = q.repeat(n, 1).to(device)
+    out, acc = flashspark.verify(
+        row.repeat(n, 1).to(device),
+        torch.full((n,), -1, dtype=torch.int32, device=device),
+        (torch.arange(n + 1, dtype=torch.int32)).to(device),
+        **kw,
+    )
+    p = torch.softmax(row[0], dim=-1).double()
+    expected = p if q_mode == "onehot" else torch.clamp(p - q.double(), min=0.0)
+    return out.cpu(), acc.cpu(), expected / expected.sum()
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense"])
+def test_placeholder_emits_the_residual(device, q_mode):
+    """At a placeholder the request emits a token from norm(max(p - q, 0)): p itself for a
+    one-hot (deterministic) drafter, vLLM's recovered distribution for a dense q."""
+    out, acc, expected = placeholder_trials(q_mode, device)
+    assert (acc == 0).all()
+    counts = torch.bincount(out[:, 0].long(), minlength=STAT_V).double()
+    assert chi2_stat(counts, expected) < chi2_critical(STAT_V - 1)
+    # Planted bugs the same statistic must reject: -1 read as the last id (one-hot q there, so
+    # that id is never emitted), and a dense q ignored at the placeholder (p instead of the residual).
+    if q_mode == "onehot":
+        buggy = expected.clone()
+        buggy[-1] = 0.0
+    else:
+        buggy = placeholder_trials("onehot", device, n=10)[2]
+    g = torch.Generator().manual_seed(3)
+    sample = torch.multinomial((buggy / buggy.sum()).float(), out.shape[0], replacement=True, generator=g)
+    bad = torch.bincount(sample, minlength=STAT_V).double()
+    try:
+        rejected = chi2_stat(bad, expected) >= chi2_critical(STAT_V - 1)
+    except AssertionError:  # it emitted a token of residual mass 0
+        rejected = True
+    assert rejected, "the planted placeholder bug passed the test"
+
+
 # ---------------------------------------------------------------- statistical losslessness
 
 
@@ -507,7 +590,7 @@ BAD_CASES = [
     ("target_logits", lambda d: {"target_logits": torch.zeros(6, 20, device=d)}),
     ("draft_tokens", lambda d: {"draft_tokens": torch.zeros(5, device=d)}),
     ("draft_tokens", lambda d: {"draft_tokens": torch.tensor([0, 1, 20, 3, 4], dtype=torch.int32, device=d)}),
-    ("draft_tokens", lambda d: {"draft_tokens": torch.tensor([0, 1, -1, 3, 4], dtype=torch.int32, device=d)}),
+    ("draft_tokens", lambda d: {"draft_tokens": torch.tensor([0, 1, -2, 3, 4], dtype=torch.int32, device=d)}),
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 4, 3], dtype=torch.int32, device=d)}),
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([0, 3, 4], dtype=torch.int32, device=d)}),
     ("cu_num_draft", lambda d: {"cu_num_draft": torch.tensor([[0, 3, 5]], dtype=torch.int32, device=d)}),

@@ -147,7 +147,7 @@ enum class Status : int32_t {
   kOk = 0,
   kBadCuNumDraft = 1,    // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
   kSpecTooLong = 2,      // verify: a request has more than max_spec_len draft tokens
-  kDraftTokenRange = 3,  // verify: a draft token outside [0, V)
+  kDraftTokenRange = 3,  // verify: a draft token outside [0, V) other than the placeholder -1
   kCandidateRange = 4,   // verify: a sparse q id outside [0, V)
   kBadTemperature = 5,   // verify, path_select, markov_step: NaN, infinite or negative temperature
   kDraftNotListed = 6,   // verify: sparse q whose candidates do not list the draft token

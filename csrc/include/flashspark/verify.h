@@ -51,6 +51,10 @@ struct VerifyParams {
   int32_t max_spec_len = 0;
 };
 
+// A draft id of -1 is a placeholder (vLLM's convention for a position with no draft): it is
+// rejected, so the request emits the correction token sampled at that position and stops.
+constexpr int32_t kPlaceholderToken = -1;
+
 // A draft probability is usable when it is a probability (NaN fails).
 FS_HOST_DEVICE bool draft_prob_ok(float q) { return q >= 0.f && q <= 1.f; }
 
@@ -68,7 +72,8 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
   if (!temperature_ok(p.temperature[b])) return Status::kBadTemperature;
   for (int32_t i = lo; i < hi; ++i) {
     const int32_t x = p.draft_tokens[i];
-    if (x < 0 || x >= p.vocab) return Status::kDraftTokenRange;
+    const bool placeholder = x == kPlaceholderToken;
+    if (!placeholder && (x < 0 || x >= p.vocab)) return Status::kDraftTokenRange;
     if (p.q_mode == DraftQ::kSparse) {
       bool listed = false;
       for (int32_t j = 0; j < p.num_candidates; ++j) {
@@ -78,8 +83,8 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
         listed |= c == x;
       }
       // A draft drawn from q is always listed; an unlisted one has q(x) = 0.
-      if (!listed) return Status::kDraftNotListed;
-    } else if (p.q_mode == DraftQ::kDense) {
+      if (!listed && !placeholder) return Status::kDraftNotListed;
+    } else if (p.q_mode == DraftQ::kDense && !placeholder) {  // a placeholder's row is checked in its race
       if (!draft_prob_ok(p.q_probs[int64_t(i) * p.q_row_stride + x])) return Status::kBadDraftProb;
     }
   }
@@ -220,7 +225,7 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
         const ArgMax am = be.row_argmax(row);
         status = greedy_row_status(am);
         if (status != Status::kOk) break;
-        if (am.i == x) {
+        if (am.i == x) {  // never for a placeholder: it is rejected, the argmax emitted
           if (be.leader()) out[k] = x;
           continue;
         }
@@ -232,12 +237,14 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
       status = softmax_row_status(st);
       if (status != Status::kOk) break;
       const RowSoftmax sm{st.m, inv_t, logf(st.s)};
-      const float p_x = expf(sm.log_prob(to_float(row[x])));
+      // A placeholder lists no token in a one-hot q, so its residual is p itself.
+      const bool placeholder = x == kPlaceholderToken;
+      const float p_x = placeholder ? 0.f : expf(sm.log_prob(to_float(row[x])));
       RaceQ q{p.q_mode, nullptr, &x, &one, 1};
       float q_x = 1.f;
       if (p.q_mode == DraftQ::kDense) {
         q.dense = p.q_probs + int64_t(lo + k) * p.q_row_stride;
-        q_x = q.dense[x];
+        q_x = placeholder ? 1.f : q.dense[x];
       } else if (p.q_mode == DraftQ::kSparse) {
         q.ids = p.q_ids + int64_t(lo + k) * p.num_candidates;
         q.probs = p.q_probs + int64_t(lo + k) * p.q_row_stride;
@@ -245,7 +252,7 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
         q_x = fmaxf(listed_q(q.ids, q.probs, q.k, x), 0.f);
       }
       const float u = uniform_open01(philox_u32(seed, offset + k, kPurposeAccept, 0));
-      if (accept_draft(u, p_x, q_x)) {
+      if (!placeholder && accept_draft(u, p_x, q_x)) {
         if (be.leader()) out[k] = x;
         continue;
       }

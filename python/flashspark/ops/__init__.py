@@ -22,7 +22,7 @@ from .common import GREEDY_TEMPERATURE, MAX_SPEC_LEN, raise_on_status
 from .dflash import block_diffusion_attention, inject_context_kv
 from .dflash2 import path_sampling_defaults, path_select, topk_select, two_tap_conv
 from .dspark import markov_step
-from .verify import verify, verify_out
+from .verify import PLACEHOLDER_TOKEN, verify, verify_out
 
 __all__ = [
     "verify",
@@ -36,5 +36,6 @@ __all__ = [
     "markov_step",
     "raise_on_status",
     "GREEDY_TEMPERATURE",
+    "PLACEHOLDER_TOKEN",
     "MAX_SPEC_LEN",
 ]

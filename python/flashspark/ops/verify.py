@@ -10,6 +10,10 @@ import torch
 from .common import GREEDY_TEMPERATURE, _one_device, _to_int, log_softmax_shifted
 from .philox import PURPOSE_ACCEPT, PURPOSE_RESAMPLE, gumbel, philox_u32, uniform_open01
 
+# A draft id of -1 marks a position with no draft (vLLM's placeholder): it is rejected, so the
+# request emits the correction token sampled at that position and stops (kPlaceholderToken).
+PLACEHOLDER_TOKEN = -1
+
 
 def verify(
     target_logits: torch.Tensor,
@@ -35,7 +39,9 @@ def verify(
         logits at each of its draft positions, then its bonus row. Rows may be
         strided (e.g. a slice of a larger buffer). Softmax with temperature is
         fused into the kernel; probabilities are never materialized.
-      draft_tokens: ``[T]`` int32/int64, flattened over requests.
+      draft_tokens: ``[T]`` int32/int64, flattened over requests, in ``[0, V)``; ``-1``
+        (``PLACEHOLDER_TOKEN``) marks a position with no draft: it is rejected, so the
+        request emits the token sampled there (argmax when greedy) and stops.
       cu_num_draft: ``[B + 1]`` int32/int64 offsets into ``draft_tokens``.
       temperature: ``[B]`` float32 per-request target temperature, finite and
         >= 0; below ``GREEDY_TEMPERATURE`` (1e-5) the request is greedy.
@@ -209,7 +215,7 @@ def verify_reference(
         temp = float(temperature[b])
         seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
         if temp < GREEDY_TEMPERATURE:
-            target = rows.argmax(dim=-1)  # first maximum on ties
+            target = rows.argmax(dim=-1)  # first maximum on ties; never the placeholder -1
             k = 0
             while k < n and int(target[k]) == int(tokens[lo + k]):
                 k += 1
@@ -222,18 +228,19 @@ def verify_reference(
         k = 0
         for k in range(n):
             x = int(tokens[lo + k])
+            placeholder = x == PLACEHOLDER_TOKEN  # rejected: the correction is sampled here
             q = torch.zeros(vocab)
             if draft_probs is None:
-                q[x] = 1.0
+                if not placeholder:
+                    q[x] = 1.0
             elif draft_probs_ids is None:
                 q = draft_probs[lo + k].detach().float().cpu()
             else:
                 ids = draft_probs_ids[lo + k].detach().long().cpu()
                 probs = draft_probs[lo + k].detach().float().cpu()
                 q.index_add_(0, ids, probs)  # an id listed twice counts with the sum of its probabilities
-            p_x = logp[k, x].exp()
             u = uniform_open01(philox_u32(seed, offset + k, PURPOSE_ACCEPT, 0))
-            if u * q[x] < p_x:
+            if not placeholder and u * q[x] < logp[k, x].exp():
                 out[b, k] = x
                 continue
             g = gumbel(philox_u32(seed, offset + k, PURPOSE_RESAMPLE, vocab_ids))

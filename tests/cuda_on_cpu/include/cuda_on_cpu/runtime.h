@@ -269,36 +269,34 @@ T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
   return ::cuda_on_cpu::shfl_from(mask, var, src >= (lane & ~(width - 1)) ? src : -1);
 }
 
-// Atomics: a fibre is never pre-empted inside one, so plain read-modify-writes are atomic.
+// Atomics: a fibre is never pre-empted inside one, so a plain read-modify-write is atomic.
+namespace cuda_on_cpu::detail {
+template <class T, class F>
+T read_modify_write(T* address, const F& f) {
+  const T old = *address;
+  *address = f(old);
+  return old;
+}
+}  // namespace cuda_on_cpu::detail
 template <class T>
 T atomicAdd(T* address, T val) {
-  const T old = *address;
-  *address = old + val;
-  return old;
+  return ::cuda_on_cpu::detail::read_modify_write(address, [val](T old) { return T(old + val); });
 }
 template <class T>
 T atomicMax(T* address, T val) {
-  const T old = *address;
-  *address = old < val ? val : old;
-  return old;
+  return ::cuda_on_cpu::detail::read_modify_write(address, [val](T old) { return old < val ? val : old; });
 }
 template <class T>
 T atomicMin(T* address, T val) {
-  const T old = *address;
-  *address = val < old ? val : old;
-  return old;
+  return ::cuda_on_cpu::detail::read_modify_write(address, [val](T old) { return val < old ? val : old; });
 }
 template <class T>
 T atomicExch(T* address, T val) {
-  const T old = *address;
-  *address = val;
-  return old;
+  return ::cuda_on_cpu::detail::read_modify_write(address, [val](T) { return val; });
 }
 template <class T>
 T atomicCAS(T* address, T compare, T val) {
-  const T old = *address;
-  if (old == compare) *address = val;
-  return old;
+  return ::cuda_on_cpu::detail::read_modify_write(address, [&](T old) { return old == compare ? val : old; });
 }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
