@@ -148,6 +148,8 @@ inline const char* status_message(Status s) {
       return "arguments 'cand_ids' / 'anchor' hold a token id outside [0, V) of a_emb";
     case Status::kPrevTokenRange:
       return "argument 'prev_tokens' holds a token id outside [0, V)";
+    case Status::kBonusTokenRange:
+      return "argument 'bonus_tokens' holds a token id outside [0, V)";
   }
   return "invalid input";
 }

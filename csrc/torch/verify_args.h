@@ -23,7 +23,7 @@ constexpr int64_t kMaxSpecLen = 4096;
 
 // Tensors kept alive for the duration of the launch (converted copies).
 struct VerifyArgs {
-  at::Tensor logits, draft_tokens, cu_num_draft, q_probs, q_ids, temperature, seeds, offsets;
+  at::Tensor logits, draft_tokens, cu_num_draft, q_probs, q_ids, temperature, seeds, offsets, bonus_tokens;
   DraftQ q_mode = DraftQ::kOneHot;
   NamedTensors all;  // every argument as given, for the outputs' overlap checks
   int32_t batch = 0, vocab = 0, num_tokens = 0, num_candidates = 0, max_spec_len = 0;
@@ -32,7 +32,8 @@ struct VerifyArgs {
 inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
                                     const at::Tensor& cu_num_draft, const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& draft_probs_ids, const at::Tensor& temperature,
-                                    const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len) {
+                                    const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len,
+                                    const std::optional<at::Tensor>& bonus_tokens) {
   VerifyArgs a;
   a.all = {{target_logits, "target_logits"},
            {draft_tokens, "draft_tokens"},
@@ -42,6 +43,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
            {offsets, "offsets"}};
   if (draft_probs.has_value()) a.all.push_back({*draft_probs, "draft_probs"});
   if (draft_probs_ids.has_value()) a.all.push_back({*draft_probs_ids, "draft_probs_ids"});
+  if (bonus_tokens.has_value()) a.all.push_back({*bonus_tokens, "bonus_tokens"});
   check_dim(target_logits, 2, "target_logits");
   check_float_dtype(target_logits, "verify", "target_logits");
   check_int_range(max_spec_len, 0, kMaxSpecLen, "verify", "max_spec_len");
@@ -62,10 +64,21 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
   a.num_tokens = int32_t(draft_tokens.numel());
   a.vocab = int32_t(a.logits.size(1));
   a.max_spec_len = int32_t(max_spec_len);
-  TORCH_CHECK(a.logits.size(0) == int64_t(a.num_tokens) + a.batch,
-              "flashspark.verify: argument 'target_logits' must have ",
-              "one row per draft token plus one bonus row per request (", a.num_tokens, " + ", a.batch, " = ",
-              a.num_tokens + a.batch, "), got ", a.logits.size(0));
+  if (bonus_tokens.has_value()) {  // the caller's bonus tokens: no bonus rows in the logits
+    check_dim(*bonus_tokens, 1, "bonus_tokens");
+    check_device(*bonus_tokens, target_logits, "bonus_tokens");
+    TORCH_CHECK(bonus_tokens->numel() == a.batch, "flashspark.verify: argument 'bonus_tokens' must have B = ", a.batch,
+                " entries, got ", bonus_tokens->numel());
+    a.bonus_tokens = as_int32(*bonus_tokens, "bonus_tokens");
+    TORCH_CHECK(a.logits.size(0) == int64_t(a.num_tokens),
+                "flashspark.verify: argument 'target_logits' must have one row per draft token (", a.num_tokens,
+                ") when 'bonus_tokens' is given, got ", a.logits.size(0));
+  } else {
+    TORCH_CHECK(a.logits.size(0) == int64_t(a.num_tokens) + a.batch,
+                "flashspark.verify: argument 'target_logits' must have ",
+                "one row per draft token plus one bonus row per request (", a.num_tokens, " + ", a.batch, " = ",
+                a.num_tokens + a.batch, "), got ", a.logits.size(0));
+  }
 
   const std::pair<const at::Tensor*, const char*> per_request[] = {
       {&temperature, "temperature"}, {&seeds, "seeds"}, {&offsets, "offsets"}};
@@ -152,20 +165,19 @@ inline std::tuple<at::Tensor, at::Tensor> empty_verify_outputs(const at::Tensor&
 
 using VerifyOutFn = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                              const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&);
+                             int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&);
 
 // The functional `verify` of a backend: allocate the outputs, run its verify_out.
 template <VerifyOutFn verify_out>
-std::tuple<at::Tensor, at::Tensor> verify_functional(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-                                                     const at::Tensor& cu_num_draft,
-                                                     const std::optional<at::Tensor>& draft_probs,
-                                                     const std::optional<at::Tensor>& draft_probs_ids,
-                                                     const at::Tensor& temperature, const at::Tensor& seeds,
-                                                     const at::Tensor& offsets, int64_t max_spec_len,
-                                                     const std::optional<at::Tensor>& status) {
+std::tuple<at::Tensor, at::Tensor> verify_functional(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft,
+    const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
+    const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len,
+    const std::optional<at::Tensor>& bonus_tokens, const std::optional<at::Tensor>& status) {
   auto [out_tokens, out_num_accepted] = empty_verify_outputs(target_logits, cu_num_draft, max_spec_len);
   verify_out(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids, temperature, seeds, offsets,
-             max_spec_len, out_tokens, out_num_accepted, status);
+             max_spec_len, out_tokens, out_num_accepted, bonus_tokens, status);
   return {out_tokens, out_num_accepted};
 }
 
@@ -190,6 +202,7 @@ VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, 
   p.out_tokens = out_tokens.mutable_data_ptr<int32_t>();
   p.out_num_accepted = out_num_accepted.mutable_data_ptr<int32_t>();
   p.status = status;
+  if (a.bonus_tokens.defined()) p.bonus_tokens = a.bonus_tokens.const_data_ptr<int32_t>();
   p.batch = a.batch;
   p.vocab = a.vocab;
   p.max_spec_len = a.max_spec_len;

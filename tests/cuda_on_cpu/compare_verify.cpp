@@ -24,6 +24,7 @@ struct Case {
   DraftQ q_mode;
   int32_t num_candidates = 0;  // sparse K
   int32_t row_pad = 0;         // logits / dense q rows are this much longer than V (strided views)
+  bool given_bonus = false;    // the caller's bonus tokens: logits hold the draft rows alone
 };
 
 template <class T>
@@ -38,14 +39,15 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   }
   const int32_t T_ = cu[B];
   const int64_t stride = V + c.row_pad;
-  std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + B) * stride, rng, 2.f);
+  const int32_t bonus_rows = c.given_bonus ? 0 : B;
+  std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + bonus_rows) * stride, rng, 2.f);
   // Drafts: the row's argmax half of the time (so some requests accept), else a random id, and
   // now and then the placeholder -1 (rejected: the request emits the token sampled there).
   std::vector<int32_t> drafts(T_);
   std::uniform_int_distribution<int32_t> any(0, V - 1);
   for (int32_t b = 0; b < B; ++b)
     for (int32_t i = cu[b]; i < cu[b + 1]; ++i) {
-      const T* row = logits.data() + (i + b) * stride;
+      const T* row = logits.data() + (i + (c.given_bonus ? 0 : b)) * stride;
       int32_t best = 0;
       for (int32_t v = 1; v < V; ++v)
         if (coc_test::widen(row[v]) > coc_test::widen(row[best])) best = v;
@@ -88,13 +90,16 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   std::vector<float> temperature(B);
   for (int32_t b = 0; b < B; ++b) temperature[b] = c.temperatures[b % c.temperatures.size()];
   std::vector<int64_t> seeds(B), offsets(B);
+  std::vector<int32_t> bonus(B);
+  for (int32_t b = 0; b < B; ++b) bonus[b] = int32_t(rng() % uint64_t(V));
   for (int32_t b = 0; b < B; ++b) {
     seeds[b] = int64_t(rng() >> 1);
     offsets[b] = int64_t(rng() % 1000);
   }
 
   auto params = [&](const T* lg, const int32_t* dr, const int32_t* cu_p, const float* qp, const int32_t* qi,
-                    const float* tp, const int64_t* sd, const int64_t* of, int32_t* out, int32_t* acc, int32_t* st) {
+                    const float* tp, const int64_t* sd, const int64_t* of, const int32_t* bn, int32_t* out,
+                    int32_t* acc, int32_t* st) {
     VerifyParams<T> p;
     p.logits = lg;
     p.logits_row_stride = stride;
@@ -111,6 +116,7 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
     p.out_tokens = out;
     p.out_num_accepted = acc;
     p.status = st;
+    p.bonus_tokens = c.given_bonus ? bn : nullptr;
     p.batch = B;
     p.vocab = V;
     p.max_spec_len = max_spec;
@@ -120,22 +126,23 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   // CPU reference
   std::vector<int32_t> out_cpu(size_t(B) * (max_spec + 1)), acc_cpu(B), st_cpu(B, -7);
   cpu::verify_cpu(params(logits.data(), drafts.data(), cu.data(), q_probs.data(), q_ids.data(), temperature.data(),
-                         seeds.data(), offsets.data(), out_cpu.data(), acc_cpu.data(), st_cpu.data()),
+                         seeds.data(), offsets.data(), bonus.data(), out_cpu.data(), acc_cpu.data(), st_cpu.data()),
                   T_, coc_test::SerialFor{});
 
   DeviceArray<T> d_logits(logits);
-  DeviceArray<int32_t> d_drafts(drafts), d_cu(cu), d_ids(q_ids);
+  DeviceArray<int32_t> d_drafts(drafts), d_cu(cu), d_ids(q_ids), d_bonus(bonus);
   DeviceArray<float> d_q(q_probs), d_temp(temperature);
   DeviceArray<int64_t> d_seeds(seeds), d_offsets(offsets);
   for (const auto& sched : coc_test::schedules()) {
     cuda_on_cpu::set_schedule(sched);
     coc_test::g_case = std::string("verify ") + coc_test::dtype_name<T>() + " V=" + std::to_string(V) +
                        " q=" + std::to_string(int(c.q_mode)) + " B=" + std::to_string(B) + " seed " +
-                       std::to_string(seed) + (with_bad_request ? " +bad" : "") + " " +
-                       coc_test::order_name(sched.order) + std::to_string(sched.seed);
+                       std::to_string(seed) + (with_bad_request ? " +bad" : "") +
+                       (c.given_bonus ? " given-bonus" : "") + " " + coc_test::order_name(sched.order) +
+                       std::to_string(sched.seed);
     DeviceArray<int32_t> d_out{out_cpu.size()}, d_acc{size_t(B)}, d_st{size_t(B)};
     const VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, d_q.ptr, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
-                                     d_offsets.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
+                                     d_offsets.ptr, d_bonus.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
     coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_verify<T>(p, T_, nullptr); });
     coc_test::expect_equal(d_out.host(), out_cpu, "out_tokens");
     coc_test::expect_equal(d_acc.host(), acc_cpu, "num_accepted");
@@ -149,10 +156,17 @@ template <class T>
 void run_all() {
   const std::vector<float> mixed = {0.f, 0.7f, 1.f, 1.5f};  // greedy and sampled requests together
   const std::vector<Case> cases = {
-      {1, {0, 1, 2}, mixed, DraftQ::kOneHot},          {7, {3, 0, 1, 2}, mixed, DraftQ::kOneHot, 0, 3},
-      {37, {4, 1, 0, 3}, mixed, DraftQ::kDense, 0, 1}, {1001, {5, 0, 1, 2, 5}, mixed, DraftQ::kOneHot, 0, 5},
-      {1001, {3, 1, 0, 4}, mixed, DraftQ::kDense},     {2053, {2, 5, 1, 0}, mixed, DraftQ::kSparse, 4},
-      {523, {1, 3, 2}, {0.f}, DraftQ::kSparse, 1},     {4099, {6, 2}, {1.f, 0.f}, DraftQ::kOneHot, 0, 2},
+      {1, {0, 1, 2}, mixed, DraftQ::kOneHot},
+      {7, {3, 0, 1, 2}, mixed, DraftQ::kOneHot, 0, 3},
+      {37, {4, 1, 0, 3}, mixed, DraftQ::kDense, 0, 1},
+      {1001, {5, 0, 1, 2, 5}, mixed, DraftQ::kOneHot, 0, 5},
+      {1001, {3, 1, 0, 4}, mixed, DraftQ::kDense},
+      {2053, {2, 5, 1, 0}, mixed, DraftQ::kSparse, 4},
+      {523, {1, 3, 2}, {0.f}, DraftQ::kSparse, 1},
+      {4099, {6, 2}, {1.f, 0.f}, DraftQ::kOneHot, 0, 2},
+      // the caller's bonus tokens: the logits hold the draft rows alone
+      {211, {3, 0, 2, 1}, mixed, DraftQ::kOneHot, 0, 0, true},
+      {97, {2, 1, 3}, mixed, DraftQ::kDense, 0, 3, true},
   };
   uint64_t seed = 11;
   for (const Case& c : cases) {

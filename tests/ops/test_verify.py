@@ -336,6 +336,75 @@ def test_placeholder_emits_the_residual(device, q_mode):
     assert rejected, "the planted placeholder bug passed the test"
 
 
+# ---------------------------------------------------------------- bonus tokens given by the caller
+
+
+def without_bonus_rows(logits, cu):
+    """The [T, V] draft rows of a [T + B, V] verify layout (vLLM's target_logits)."""
+    keep = torch.ones(logits.shape[0], dtype=torch.bool)
+    cu = cu.cpu()
+    for b in range(cu.numel() - 1):
+        keep[int(cu[b + 1]) + b] = False
+    return logits[keep.to(logits.device)]
+
+
+def test_greedy_given_bonus_tokens(device):
+    logits = torch.full((3, 10), -1.0)
+    for row, tok in enumerate([3, 1, 4]):
+        logits[row, tok] = 5.0
+    kw = dict(
+        temperature=torch.zeros(2, device=device),
+        seeds=torch.zeros(2, dtype=torch.int64, device=device),
+        offsets=torch.zeros(2, dtype=torch.int64, device=device),
+        max_spec_len=2,
+        bonus_tokens=torch.tensor([8, 9], device=device),
+    )
+    drafts = torch.tensor([3, 1, 7], dtype=torch.int32, device=device)
+    out, acc = flashspark.verify(
+        logits.to(device), drafts, torch.tensor([0, 2, 3], dtype=torch.int32, device=device), **kw
+    )
+    # request 0 accepts both drafts and emits its given bonus 8; request 1 is corrected to 4
+    assert out.cpu().tolist() == [[3, 1, 8], [4, -1, -1]] and acc.cpu().tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_given_bonus_tokens_match_reference(device, q_mode, temperature):
+    logits, drafts, cu, kw = make_case(
+        [3, 0, 4, 1], 29, q_mode=q_mode, temperature=temperature, closeness=0.95, device=device
+    )
+    bonus = torch.tensor([5, 28, 0, 13], dtype=torch.int64, device=device)
+    rows = without_bonus_rows(logits, cu)
+    got, want = run_both(rows, drafts, cu, {**kw, "bonus_tokens": bonus})
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # where every draft was accepted the given bonus is emitted; elsewhere the same as with rows
+    full = [t.cpu() for t in flashspark.verify(logits, drafts, cu, **kw)]
+    n = (cu[1:] - cu[:-1]).cpu()
+    for b in range(4):
+        if int(got[1][b]) == int(n[b]):
+            assert int(got[0][b, n[b]]) == int(bonus[b])
+        else:
+            assert torch.equal(got[0][b], full[0][b]) and int(got[1][b]) == int(full[1][b])
+    assert (got[1] == n).any(), "no request accepted every draft: the case does not test the bonus"
+
+
+def test_given_bonus_tokens_bad_input(device):
+    logits, drafts, cu, kw = make_case([2, 1], 17, device=device)
+    rows = without_bonus_rows(logits, cu)
+    bonus = torch.tensor([1, 2], device=device)
+    with pytest.raises(RuntimeError, match="one row per draft token \\(3\\) when 'bonus_tokens' is given"):
+        flashspark.verify(logits, drafts, cu, **kw, bonus_tokens=bonus)
+    with pytest.raises(RuntimeError, match="'bonus_tokens' must have B = 2 entries"):
+        flashspark.verify(rows, drafts, cu, **kw, bonus_tokens=bonus[:1])
+    with pytest.raises(RuntimeError, match="'bonus_tokens' holds a token id outside"):
+        flashspark.verify(rows, drafts, cu, **kw, bonus_tokens=torch.tensor([1, 17], device=device))
+    status = torch.full((2,), -7, dtype=torch.int32, device=device)
+    out, acc = flashspark.verify(
+        rows, drafts, cu, **kw, bonus_tokens=torch.tensor([1, -1], device=device), status=status
+    )
+    assert status.cpu().tolist() == [0, 17] and int(acc[1]) == -1 and (out[1] == -1).all()
+
+
 # ---------------------------------------------------------------- statistical losslessness
 
 
@@ -528,6 +597,14 @@ def test_opcheck(device, q_mode):
     out = torch.empty(3, kw["max_spec_len"] + 1, dtype=torch.int32, device=device)
     nacc = torch.empty(3, dtype=torch.int32, device=device)
     torch.library.opcheck(torch.ops.flashspark.verify_out.default, args, {"out_tokens": out, "out_num_accepted": nacc})
+    given = torch.tensor([1, 2, 3], dtype=torch.int32, device=device)
+    rows = without_bonus_rows(logits, cu)
+    torch.library.opcheck(torch.ops.flashspark.verify.default, (rows, *args[1:]), {"bonus_tokens": given})
+    torch.library.opcheck(
+        torch.ops.flashspark.verify_out.default,
+        (rows, *args[1:]),
+        {"out_tokens": out, "out_num_accepted": nacc, "bonus_tokens": given},
+    )
 
 
 def test_non_contiguous_inputs(device):

@@ -145,22 +145,23 @@ FS_HOST_DEVICE int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; 
 // ops, so a status tensor reads the same whichever op wrote it.
 enum class Status : int32_t {
   kOk = 0,
-  kBadCuNumDraft = 1,    // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
-  kSpecTooLong = 2,      // verify: a request has more than max_spec_len draft tokens
-  kDraftTokenRange = 3,  // verify: a draft token outside [0, V) other than the placeholder -1
-  kCandidateRange = 4,   // verify: a sparse q id outside [0, V)
-  kBadTemperature = 5,   // verify, path_select, markov_step: NaN, infinite or negative temperature
-  kDraftNotListed = 6,   // verify: sparse q whose candidates do not list the draft token
-  kNonFiniteLogit = 7,   // verify: NaN or +inf in a logit row the walk reads
-  kNoFiniteLogit = 8,    // verify: a logit row the walk reads is all -inf
-  kBadDraftProb = 9,     // verify: a draft probability read is NaN or outside [0, 1]
-  kSlotRange = 10,       // inject_context_kv: a cache row outside [0, B)
-  kPositionRange = 11,   // inject_context_kv: a position outside [0, S_max)
-  kRopeRange = 12,       // inject_context_kv: a position beyond the cos/sin cache
-  kCtxLenRange = 13,     // block_diffusion_attention: a context length outside [0, S_max]
-  kBadCuBlocks = 14,     // two_tap_conv: cu_blocks not starting at 0, decreasing, or not ending at N
-  kPathTokenRange = 15,  // path_select: a candidate or anchor id outside [0, V)
-  kPrevTokenRange = 16,  // markov_step: a previous token outside [0, V)
+  kBadCuNumDraft = 1,     // verify: cu_num_draft not starting at 0, decreasing, or not ending at T
+  kSpecTooLong = 2,       // verify: a request has more than max_spec_len draft tokens
+  kDraftTokenRange = 3,   // verify: a draft token outside [0, V) other than the placeholder -1
+  kCandidateRange = 4,    // verify: a sparse q id outside [0, V)
+  kBadTemperature = 5,    // verify, path_select, markov_step: NaN, infinite or negative temperature
+  kDraftNotListed = 6,    // verify: sparse q whose candidates do not list the draft token
+  kNonFiniteLogit = 7,    // verify: NaN or +inf in a logit row the walk reads
+  kNoFiniteLogit = 8,     // verify: a logit row the walk reads is all -inf
+  kBadDraftProb = 9,      // verify: a draft probability read is NaN or outside [0, 1]
+  kSlotRange = 10,        // inject_context_kv: a cache row outside [0, B)
+  kPositionRange = 11,    // inject_context_kv: a position outside [0, S_max)
+  kRopeRange = 12,        // inject_context_kv: a position beyond the cos/sin cache
+  kCtxLenRange = 13,      // block_diffusion_attention: a context length outside [0, S_max]
+  kBadCuBlocks = 14,      // two_tap_conv: cu_blocks not starting at 0, decreasing, or not ending at N
+  kPathTokenRange = 15,   // path_select: a candidate or anchor id outside [0, V)
+  kPrevTokenRange = 16,   // markov_step: a previous token outside [0, V)
+  kBonusTokenRange = 17,  // verify: a given bonus token outside [0, V)
 };
 
 FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {

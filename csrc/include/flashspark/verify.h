@@ -46,6 +46,9 @@ struct VerifyParams {
   int32_t* out_tokens = nullptr;        // [B, max_spec_len + 1]
   int32_t* out_num_accepted = nullptr;  // [B]; -1 for a failed request (it emits nothing)
   int32_t* status = nullptr;            // [B] Status codes, or null
+  // [B] bonus tokens sampled by the caller (vLLM samples its own), or null. With them the
+  // logits hold no bonus rows: request b's rows are cu[b] ... cu[b+1] ([T, V] in all).
+  const int32_t* bonus_tokens = nullptr;
   int32_t batch = 0;
   int32_t vocab = 0;
   int32_t max_spec_len = 0;
@@ -70,6 +73,7 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
   if (hi < lo || lo < 0 || hi > num_tokens) return Status::kBadCuNumDraft;
   if (hi - lo > p.max_spec_len) return Status::kSpecTooLong;
   if (!temperature_ok(p.temperature[b])) return Status::kBadTemperature;
+  if (p.bonus_tokens && (p.bonus_tokens[b] < 0 || p.bonus_tokens[b] >= p.vocab)) return Status::kBonusTokenRange;
   for (int32_t i = lo; i < hi; ++i) {
     const int32_t x = p.draft_tokens[i];
     const bool placeholder = x == kPlaceholderToken;
@@ -210,7 +214,7 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
   if (status == Status::kOk) {
     const int32_t lo = p.cu_num_draft[b];
     const int32_t n = p.cu_num_draft[b + 1] - lo;
-    const int64_t row0 = int64_t(lo) + b;
+    const int64_t row0 = int64_t(lo) + (p.bonus_tokens ? 0 : b);  // given bonus tokens: no bonus rows
     const float temp = p.temperature[b];
     const bool greedy = temperature_greedy(temp);
     const float inv_t = greedy ? 1.f : 1.f / temp;
@@ -265,7 +269,9 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
       rejected = true;
       break;
     }
-    if (status == Status::kOk && !rejected) {  // every draft accepted: the bonus token comes from p
+    if (status == Status::kOk && !rejected && p.bonus_tokens) {  // every draft accepted: the caller's bonus
+      emitted = p.bonus_tokens[b];
+    } else if (status == Status::kOk && !rejected) {  // every draft accepted: the bonus token comes from p
       const T* row = p.logits + (row0 + n) * p.logits_row_stride;
       if (greedy) {
         const ArgMax am = be.row_argmax(row);

@@ -26,6 +26,7 @@ def verify(
     max_spec_len: int,
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
+    bonus_tokens: Optional[torch.Tensor] = None,
     status: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged rejection-sampling verification of draft tokens (lossless).
@@ -53,6 +54,9 @@ def verify(
       draft_probs: the drafter's q. ``None``: the draft was deterministic (q is
         one-hot at the draft token). ``[T, V]`` float32: dense q. ``[T, K]``
         float32 together with ``draft_probs_ids``: sparse q over K candidate ids.
+      bonus_tokens: optional ``[B]`` int32/int64 bonus tokens the caller sampled itself
+        (vLLM samples its own), in ``[0, V)``. With them ``target_logits`` is ``[T, V]``, the
+        draft rows alone, and a request that accepts all its drafts emits its bonus token.
       draft_probs_ids: ``[T, K]`` int32/int64 candidate ids for sparse q. An id
         listed twice counts with the sum of its probabilities.
       status: optional ``[B]`` int32 output: 0, or the code of what failed the
@@ -83,6 +87,7 @@ def verify(
         seeds,
         offsets,
         max_spec_len,
+        bonus_tokens=bonus_tokens,
         status=status,
     )
 
@@ -100,6 +105,7 @@ def verify_out(
     out_num_accepted: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
+    bonus_tokens: Optional[torch.Tensor] = None,
     status: Optional[torch.Tensor] = None,
 ) -> None:
     """:func:`verify` writing into preallocated, contiguous int32 outputs
@@ -117,6 +123,7 @@ def verify_out(
         max_spec_len,
         out_tokens=out_tokens,
         out_num_accepted=out_num_accepted,
+        bonus_tokens=bonus_tokens,
         status=status,
     )
 
@@ -133,6 +140,7 @@ def _verify_fake(
     offsets,
     max_spec_len,
     *,
+    bonus_tokens=None,
     status=None,
 ):
     _one_device(
@@ -145,6 +153,7 @@ def _verify_fake(
         temperature=temperature,
         seeds=seeds,
         offsets=offsets,
+        bonus_tokens=bonus_tokens,
         status=status,
     )
     batch = cu_num_draft.shape[0] - 1
@@ -168,6 +177,7 @@ def _verify_out_fake(
     *,
     out_tokens,
     out_num_accepted,
+    bonus_tokens=None,
     status=None,
 ):
     # the inputs as verify checks them, then the output buffers on the same device
@@ -181,6 +191,7 @@ def _verify_out_fake(
         seeds,
         offsets,
         max_spec_len,
+        bonus_tokens=bonus_tokens,
         status=status,
     )
     _one_device("verify", target_logits=target_logits, out_tokens=out_tokens, out_num_accepted=out_num_accepted)
@@ -198,6 +209,7 @@ def verify_reference(
     max_spec_len: int,
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
+    bonus_tokens: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Oracle of :func:`flashspark.ops.verify` (same arguments and outputs)."""
     logits = target_logits.detach().float().cpu()
@@ -208,10 +220,12 @@ def verify_reference(
     out = torch.full((batch, max_spec_len + 1), -1, dtype=torch.int32)
     num_accepted = torch.zeros(batch, dtype=torch.int32)
     vocab_ids = torch.arange(vocab)
+    bonus = None if bonus_tokens is None else bonus_tokens.detach().long().cpu()
     for b in range(batch):
         lo, hi = int(cu[b]), int(cu[b + 1])
         n = hi - lo
-        rows = logits[lo + b : hi + b + 1]
+        # with the caller's bonus tokens the logits hold no bonus rows (a stand-in keeps indices)
+        rows = logits[lo + b : hi + b + 1] if bonus is None else torch.cat([logits[lo:hi], logits.new_zeros(1, vocab)])
         temp = float(temperature[b])
         seed, offset = _to_int(seeds[b]), _to_int(offsets[b])
         if temp < GREEDY_TEMPERATURE:
@@ -220,7 +234,7 @@ def verify_reference(
             while k < n and int(target[k]) == int(tokens[lo + k]):
                 k += 1
             out[b, :k] = tokens[lo : lo + k].int()
-            out[b, k] = int(target[k])
+            out[b, k] = int(target[k]) if k < n or bonus is None else int(bonus[b])
             num_accepted[b] = k
             continue
         logp = log_softmax_shifted(rows, temp)
@@ -252,7 +266,9 @@ def verify_reference(
             break
         else:
             k = n
-        if emitted is None:
+        if emitted is None and bonus is not None:
+            emitted = int(bonus[b])
+        elif emitted is None:
             g = gumbel(philox_u32(seed, offset + n, PURPOSE_RESAMPLE, vocab_ids))
             emitted = int((logp[n] + g).argmax())
         out[b, k] = emitted
