@@ -84,9 +84,10 @@ void expect_clean_launch(const F& launch) {
   cuda_on_cpu::clear_errors();
 }
 
-inline float widen(float x) { return x; }
-inline float widen(flashspark::bfloat16_t x) { return flashspark::to_float(x); }
-inline float widen(flashspark::float16_t x) { return flashspark::to_float(x); }
+template <class T>
+float widen(T x) {
+  return flashspark::to_float(x);
+}
 
 template <class T>
 const char* dtype_name() {

@@ -581,10 +581,8 @@ cudaError_t run_grid(const LaunchConfig& cfg, size_t param_bytes, const std::fun
 
 }  // namespace cuda_on_cpu
 
-unsigned __activemask() {
-  (void)0;
-  return 0xffffffffu;
-}
+// Every lane of a warp is reported active: the layer does not track divergence between collectives.
+unsigned __activemask() { return 0xffffffffu; }
 
 cudaError_t cudaPeekAtLastError() {
   const cudaError_t e = ::cuda_on_cpu::take_last_error();

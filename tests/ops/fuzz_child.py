@@ -130,6 +130,11 @@ def build_verify(b):
         draft_probs=probs,
         draft_probs_ids=None if ids is None else ids.to(it),
     )
+    if b.get("bonus"):  # the caller's bonus tokens: the logits keep the draft rows alone
+        keep = torch.ones(T + B, dtype=torch.bool)
+        keep[[cu[i + 1] + i for i in range(B)]] = False
+        a["target_logits"] = a["target_logits"][keep]
+        a["bonus_tokens"] = torch.randint(0, max(V, 1), (B,), generator=g).to(it)
     m = dict(B=B, V=V, T=T, cu=cu, n=nd, temps=temps, q_mode=q_mode, dtype=dt)
     return a, m
 
@@ -322,6 +327,7 @@ NEEDS = {
     "V2": lambda b: b.update(V=max(b["V"], 2)),
     "sampled": _need_sampled,
     "f32": lambda b: b.update(dtype="float32"),
+    "bonus": lambda b: b.update(bonus=True, V=max(b["V"], 1)),
     # attention
     "unread": lambda b: b.update(ctx=[min(c, 3) for c in b["ctx"]], S_extra=max(b["S_extra"], 1)),
     "ctx1": lambda b: b.update(ctx=[max(c, 1) for c in b["ctx"]]),
@@ -730,6 +736,12 @@ def _q_of_other_id(value):
     return f
 
 
+def _with_bonus_rows(a, m, rng, arg):
+    """Bonus tokens given, yet the logits keep one row per request more than the drafts."""
+    logits = a["target_logits"]
+    return dict(a, target_logits=torch.cat([logits, logits.new_zeros(m["B"], logits.shape[1])]))
+
+
 def _expand_drafts(a, m, rng, arg):
     """Every draft equal to the first one: valid, though with sparse q a draft may no longer be listed."""
     if m["q_mode"] == "sparse":
@@ -782,6 +794,7 @@ def verify_mutations(out_variant=False):
         offsets=("int64", 1),
         draft_probs=("float", 2),
         draft_probs_ids=("index", 2),
+        bonus_tokens=("index", 1),
     )
     ov = {
         # one more / one less vocabulary column: valid unless a dense q or a draft pins V
@@ -791,13 +804,22 @@ def verify_mutations(out_variant=False):
         "stride:draft_probs_ids:expand": "either",  # drafts may fall outside the listed ids (q(draft) = 0)
         "stride:draft_tokens:expand": None,  # see below
     }
-    needs = {"draft_probs": ("dense", "drafts"), "draft_probs_ids": ("sparse", "drafts"), "draft_tokens": ("drafts",)}
+    needs = {
+        "draft_probs": ("dense", "drafts"),
+        "draft_probs_ids": ("sparse", "drafts"),
+        "draft_tokens": ("drafts",),
+        "bonus_tokens": ("bonus",),
+    }
     generic(t, spec, ov, needs)
     t["valid"] = Mutation("", lambda a, m, rng: a, "ok")
     add(t, "stride:draft_tokens:expand", "draft_tokens", _expand_drafts, "ok", ("drafts",))
     # values
     add_index_values(t, "draft_tokens", lambda m: m["V"], ("drafts",))
     add(t, "value:draft_tokens:placeholder", "draft_tokens", m_set_elem(-1), "ok", ("drafts",))  # vLLM's -1
+    # the caller's bonus tokens: valid, out of range (-1 is no placeholder there), or with bonus rows kept
+    add(t, "valid:bonus_tokens", "bonus_tokens", lambda a, m, rng, arg: a, "ok", ("bonus",))
+    add_index_values(t, "bonus_tokens", lambda m: m["V"], ("bonus",), low=-1)
+    add(t, "shape:target_logits:bonus-rows", "target_logits", _with_bonus_rows, "error", ("bonus",))
     add_index_values(t, "draft_probs_ids", lambda m: m["V"], ("drafts", "sparse"))
     add(t, "value:draft_probs_ids:duplicate", "draft_probs_ids", _duplicate_sparse_id, "ok", ("drafts", "sparse", "K2"))
     for kind in ["decreasing", "first", "last", "wrap"]:
@@ -1699,6 +1721,7 @@ def call_verify(a):
         max_spec_len=a["max_spec_len"],
         draft_probs=a["draft_probs"],
         draft_probs_ids=a["draft_probs_ids"],
+        bonus_tokens=a.get("bonus_tokens"),
         **_st(a),
     )
 
@@ -1716,6 +1739,7 @@ def call_verify_out(a):
         out_num_accepted=a["out_num_accepted"],
         draft_probs=a["draft_probs"],
         draft_probs_ids=a["draft_probs_ids"],
+        bonus_tokens=a.get("bonus_tokens"),
         **_st(a),
     )
     return a["out_tokens"], a["out_num_accepted"]
@@ -1943,8 +1967,11 @@ def check_verify(a, out, m, mut):
     if not ok:
         return errs
     drafts = a["draft_tokens"].long()
+    bonus = a.get("bonus_tokens")
+    bonus_rows = bonus is None  # with the caller's bonus tokens request b's rows start at cu[b]
     for b in range(B):
         n, k = cu[b + 1] - cu[b], int(acc[b])
+        row0 = cu[b] + (b if bonus_rows else 0)
         row = tokens[b].long()
         if not 0 <= k <= n:
             errs.append(f"request {b}: num_accepted {k} outside [0, {n}]")
@@ -1955,9 +1982,14 @@ def check_verify(a, out, m, mut):
             )
         if not 0 <= int(row[k]) < V:
             errs.append(f"request {b}: emitted token {int(row[k])} outside [0, {V})")
-        elif not math.isfinite(float(logits[cu[b] + b + k, int(row[k])])):
+        elif not bonus_rows and k == n:
+            if int(row[k]) != int(bonus[b]):
+                errs.append(
+                    f"request {b}: accepted every draft but emitted {int(row[k])}, not its bonus {int(bonus[b])}"
+                )
+        elif not math.isfinite(float(logits[row0 + k, int(row[k])])):
             errs.append(
-                f"request {b}: emitted token {int(row[k])} has logit {float(logits[cu[b] + b + k, int(row[k])])}"
+                f"request {b}: emitted token {int(row[k])} has logit {float(logits[row0 + k, int(row[k])])}"
                 " (target probability 0)"
             )
         if (row[k + 1 :] != -1).any():
@@ -1969,7 +2001,8 @@ def check_verify(a, out, m, mut):
     # the reference, where it is exact: temperatures floored, sparse q merged into dense (sum of duplicates)
     temps = _floor_temps(a["temperature"])
     for b in range(B):
-        rows = logits[cu[b] + b : cu[b + 1] + b + 1]
+        lo = cu[b] + (b if bonus_rows else 0)
+        rows = logits[lo : lo + cu[b + 1] - cu[b] + (1 if bonus_rows else 0)]
         if torch.isnan(rows).any() or torch.isposinf(rows).any():
             return errs
         if temps[b] > 0 and not torch.isfinite(rows[torch.isfinite(rows)] * (1.0 / float(temps[b]))).all():
@@ -1988,6 +2021,7 @@ def check_verify(a, out, m, mut):
         offsets=a["offsets"],
         max_spec_len=M,
         draft_probs=probs,
+        bonus_tokens=bonus,
     )
     if not torch.equal(tokens, want[0]) or not torch.equal(acc, want[1]):
         errs.append(
@@ -2338,7 +2372,8 @@ def _subset(a, names, keep):
 def _verify_subset(a, keep):
     """The requests in keep as a call of their own (a request's result does not depend on the batch)."""
     cu = a["cu_num_draft"].long().tolist()
-    rows = [r for b in keep for r in range(cu[b] + b, cu[b + 1] + b + 1)]
+    bonus_rows = a.get("bonus_tokens") is None  # given bonus tokens: no bonus rows
+    rows = [r for b in keep for r in range(cu[b] + bonus_rows * b, cu[b + 1] + bonus_rows * (b + 1))]
     toks = [t for b in keep for t in range(cu[b], cu[b + 1])]
     new_cu = [0]
     for b in keep:
@@ -2353,8 +2388,9 @@ def _verify_subset(a, keep):
     for n in ["draft_probs", "draft_probs_ids"]:
         if a[n] is not None:
             sub[n] = a[n].index_select(0, t)
-    for n in ["temperature", "seeds", "offsets"]:
-        sub[n] = a[n].index_select(0, k)
+    for n in ["temperature", "seeds", "offsets", "bonus_tokens"]:
+        if a.get(n) is not None:
+            sub[n] = a[n].index_select(0, k)
     return sub
 
 
