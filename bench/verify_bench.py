@@ -5,6 +5,12 @@ q close to the target p (acceptance is mixed, as in real decoding), then times
 the op and the reference on the same inputs in the same run, and reports median
 times and their ratio. Prints a table and writes JSON.
 
+Modes (--modes): `logits` (the target's logits, softmax fused), `probs` (the
+target's probabilities, target_is_probs: what FlashInfer's and SGLang's samplers
+take) and `log-probs` (the same probabilities through the glue an adapter needs
+without the probabilities mode: log over every row, then the logits mode), timed
+one after another on the same batch.
+
     python bench/verify_bench.py            # full grid
     python bench/verify_bench.py --quick    # the demo: a few rows
 """
@@ -40,6 +46,14 @@ def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
     return logits.to(dtype).to(device), tokens.to(device), cu.to(device), kw
 
 
+# How each mode calls the op on a batch built from logits (probabilities: their softmax at T = 1).
+MODES = {
+    "logits": lambda logits, probs, tokens, cu, kw: flashspark.verify(logits, tokens, cu, **kw),
+    "probs": lambda logits, probs, tokens, cu, kw: flashspark.verify(probs, tokens, cu, target_is_probs=True, **kw),
+    "log-probs": lambda logits, probs, tokens, cu, kw: flashspark.verify(torch.log(probs), tokens, cu, **kw),
+}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few representative rows (the demo)")
@@ -52,6 +66,7 @@ def main(argv=None):
         default=None,
         help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine",
     )
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="target input modes")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/verify_bench_<device>.json)")
     args = ap.parse_args(argv)
     if args.threads:
@@ -75,35 +90,46 @@ def main(argv=None):
         ]
 
     rows = []
-    header = f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} | {'op ms':>9} {'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
+    header = (
+        f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} {'mode':>9} | {'op ms':>9} {'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
+    )
     print(f"flashspark.verify vs reference on {device} ({torch.get_num_threads()} threads), median of runs")
     print(header)
     print("-" * len(header))
     for batch, gamma, vocab, dtype in grid:
         logits, tokens, cu, kw = make_batch(batch, gamma, vocab, dtype, device)
-        out, acc = flashspark.verify(logits, tokens, cu, **kw)
-        ref_out, ref_acc = verify_reference(logits, tokens, cu, **kw)
-        agree = bool(torch.equal(out.cpu(), ref_out.cpu()))
-        t_op = median_time(lambda: flashspark.verify(logits, tokens, cu, **kw), args.repeats, device)
-        t_ref = median_time(lambda: verify_reference(logits, tokens, cu, **kw), args.ref_repeats, device)
-        tau = float(acc.float().mean()) + 1.0
-        rows.append(
-            dict(
-                batch=batch,
-                gamma=gamma,
-                vocab=vocab,
-                dtype=str(dtype).replace("torch.", ""),
-                op_ms=t_op * 1e3,
-                ref_ms=t_ref * 1e3,
-                speedup=t_ref / t_op,
-                tau=tau,
-                agrees_with_reference=agree,
+        probs = torch.softmax(logits.float(), dim=-1).to(dtype)
+        for mode in args.modes:
+            run = MODES[mode]
+            out, acc = run(logits, probs, tokens, cu, kw)
+            on_probs = mode != "logits"
+            ref_in = probs if on_probs else logits
+            ref_out, ref_acc = verify_reference(ref_in, tokens, cu, target_is_probs=on_probs, **kw)
+            agree = bool(torch.equal(out.cpu(), ref_out.cpu())) if mode != "log-probs" else None
+            t_op = median_time(lambda: run(logits, probs, tokens, cu, kw), args.repeats, device)
+            t_ref = median_time(
+                lambda: verify_reference(ref_in, tokens, cu, target_is_probs=on_probs, **kw), args.ref_repeats, device
             )
-        )
-        print(
-            f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} | {t_op * 1e3:>9.3f} {t_ref * 1e3:>9.2f} "
-            f"{t_ref / t_op:>6.1f}x | {tau:>5.2f}" + ("" if agree else "  (outputs differ!)")
-        )
+            tau = float(acc.float().mean()) + 1.0
+            rows.append(
+                dict(
+                    batch=batch,
+                    gamma=gamma,
+                    vocab=vocab,
+                    dtype=str(dtype).replace("torch.", ""),
+                    mode=mode,
+                    op_ms=t_op * 1e3,
+                    ref_ms=t_ref * 1e3,
+                    speedup=t_ref / t_op,
+                    tau=tau,
+                    agrees_with_reference=agree,
+                )
+            )
+            print(
+                f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} {mode:>9} | {t_op * 1e3:>9.3f} "
+                f"{t_ref * 1e3:>9.2f} {t_ref / t_op:>6.1f}x | {tau:>5.2f}"
+                + ("  (outputs differ!)" if agree is False else "")
+            )
 
     # Quick runs (the demo) go to runs/, full grids to the committed bench/results/.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

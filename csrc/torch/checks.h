@@ -38,6 +38,12 @@ inline void check_float_dtype(const at::Tensor& t, const char* op, const char* n
               "' must be float32, bfloat16 or float16, got ", dt);
 }
 
+// The run-time float type of a float32 / bfloat16 / float16 tensor (checked beforehand).
+inline FloatType float_type(at::ScalarType dt) {
+  if (dt == at::kBFloat16) return FloatType::kBFloat16;
+  return dt == at::kHalf ? FloatType::kFloat16 : FloatType::kFloat32;
+}
+
 inline void check_size(const at::Tensor& t, int64_t dim, int64_t size, const char* op, const char* name,
                        const char* what) {
   TORCH_CHECK(t.size(dim) == size, "flashspark.", op, ": argument '", name, "' must have ", what, " = ", size,
@@ -125,7 +131,8 @@ inline const char* status_message(Status s) {
     case Status::kCandidateRange:
       return "argument 'draft_probs_ids' holds a token id outside [0, V)";
     case Status::kBadTemperature:
-      return "argument 'temperature' must be finite and >= 0 (below 1e-5 a request is greedy)";
+      return "argument 'temperature' must be finite and >= 0 (below 1e-5 a request is greedy), and 0 or 1 "
+             "with target_is_probs (probabilities come tempered)";
     case Status::kDraftNotListed:
       return "argument 'draft_tokens' holds a token that is not among its row's 'draft_probs_ids' (sparse q)";
     case Status::kNonFiniteLogit:
@@ -150,6 +157,9 @@ inline const char* status_message(Status s) {
       return "argument 'prev_tokens' holds a token id outside [0, V)";
     case Status::kBonusTokenRange:
       return "argument 'bonus_tokens' holds a token id outside [0, V)";
+    case Status::kBadTargetProb:
+      return "argument 'target_logits' holds probabilities (target_is_probs) with a value read that is NaN or "
+             "outside [0, 1], or a row read with no mass";
   }
   return "invalid input";
 }

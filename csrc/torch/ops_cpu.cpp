@@ -30,9 +30,10 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
                     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
                     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets,
                     int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted,
-                    const std::optional<at::Tensor>& bonus_tokens, const std::optional<at::Tensor>& status) {
+                    const std::optional<at::Tensor>& bonus_tokens, bool target_is_probs,
+                    const std::optional<at::Tensor>& status) {
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-                                         temperature, seeds, offsets, max_spec_len, bonus_tokens);
+                                         temperature, seeds, offsets, max_spec_len, bonus_tokens, target_is_probs);
   const NamedTensors all = check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
   const CpuStatus st(status_ptr(status, a.batch, target_logits, all, "verify"), a.batch);
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {

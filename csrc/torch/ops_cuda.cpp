@@ -24,10 +24,11 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
                      const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
                      const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets,
                      int64_t max_spec_len, at::Tensor& out_tokens, at::Tensor& out_num_accepted,
-                     const std::optional<at::Tensor>& bonus_tokens, const std::optional<at::Tensor>& status) {
+                     const std::optional<at::Tensor>& bonus_tokens, bool target_is_probs,
+                     const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const VerifyArgs a = check_verify_args(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids,
-                                         temperature, seeds, offsets, max_spec_len, bonus_tokens);
+                                         temperature, seeds, offsets, max_spec_len, bonus_tokens, target_is_probs);
   const NamedTensors all = check_verify_outputs(a, target_logits, out_tokens, out_num_accepted);
   int32_t* st = status_ptr(status, a.batch, target_logits, all, "verify");
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();

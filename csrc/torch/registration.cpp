@@ -25,11 +25,12 @@ TORCH_LIBRARY(flashspark, m) {
   m.def(
       "verify(Tensor target_logits, Tensor draft_tokens, Tensor cu_num_draft, Tensor? draft_probs, "
       "Tensor? draft_probs_ids, Tensor temperature, Tensor seeds, Tensor offsets, int max_spec_len, *, "
-      "Tensor? bonus_tokens=None, Tensor(a!)? status=None) -> (Tensor, Tensor)");
+      "Tensor? bonus_tokens=None, bool target_is_probs=False, Tensor(a!)? status=None) -> (Tensor, Tensor)");
   m.def(
       "verify_out(Tensor target_logits, Tensor draft_tokens, Tensor cu_num_draft, Tensor? draft_probs, "
       "Tensor? draft_probs_ids, Tensor temperature, Tensor seeds, Tensor offsets, int max_spec_len, *, "
-      "Tensor(a!) out_tokens, Tensor(b!) out_num_accepted, Tensor? bonus_tokens=None, Tensor(c!)? status=None) -> ()");
+      "Tensor(a!) out_tokens, Tensor(b!) out_num_accepted, Tensor? bonus_tokens=None, bool target_is_probs=False, "
+      "Tensor(c!)? status=None) -> ()");
   m.def(
       "block_diffusion_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor ctx_lens, Tensor k_block, "
       "Tensor v_block, float scale, *, Tensor(a!)? status=None) -> Tensor");

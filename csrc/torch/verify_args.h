@@ -25,6 +25,7 @@ constexpr int64_t kMaxSpecLen = 4096;
 struct VerifyArgs {
   at::Tensor logits, draft_tokens, cu_num_draft, q_probs, q_ids, temperature, seeds, offsets, bonus_tokens;
   DraftQ q_mode = DraftQ::kOneHot;
+  bool target_probs = false;
   NamedTensors all;  // every argument as given, for the outputs' overlap checks
   int32_t batch = 0, vocab = 0, num_tokens = 0, num_candidates = 0, max_spec_len = 0;
 };
@@ -33,8 +34,9 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
                                     const at::Tensor& cu_num_draft, const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& draft_probs_ids, const at::Tensor& temperature,
                                     const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len,
-                                    const std::optional<at::Tensor>& bonus_tokens) {
+                                    const std::optional<at::Tensor>& bonus_tokens, bool target_is_probs) {
   VerifyArgs a;
+  a.target_probs = target_is_probs;
   a.all = {{target_logits, "target_logits"},
            {draft_tokens, "draft_tokens"},
            {cu_num_draft, "cu_num_draft"},
@@ -104,8 +106,7 @@ inline VerifyArgs check_verify_args(const at::Tensor& target_logits, const at::T
     const at::Tensor& q = *draft_probs;
     check_dim(q, 2, "draft_probs");
     check_device(q, target_logits, "draft_probs");
-    TORCH_CHECK(q.scalar_type() == at::kFloat, "flashspark.verify: argument 'draft_probs' must be float32, got ",
-                q.scalar_type());
+    check_float_dtype(q, "verify", "draft_probs");
     TORCH_CHECK(q.size(0) == a.num_tokens,
                 "flashspark.verify: argument 'draft_probs' must have one row per draft token (", a.num_tokens,
                 "), got ", q.size(0));
@@ -165,7 +166,7 @@ inline std::tuple<at::Tensor, at::Tensor> empty_verify_outputs(const at::Tensor&
 
 using VerifyOutFn = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                              const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&,
+                             int64_t, at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, bool,
                              const std::optional<at::Tensor>&);
 
 // The functional `verify` of a backend: allocate the outputs, run its verify_out.
@@ -174,10 +175,10 @@ std::tuple<at::Tensor, at::Tensor> verify_functional(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens, const at::Tensor& cu_num_draft,
     const std::optional<at::Tensor>& draft_probs, const std::optional<at::Tensor>& draft_probs_ids,
     const at::Tensor& temperature, const at::Tensor& seeds, const at::Tensor& offsets, int64_t max_spec_len,
-    const std::optional<at::Tensor>& bonus_tokens, const std::optional<at::Tensor>& status) {
+    const std::optional<at::Tensor>& bonus_tokens, bool target_is_probs, const std::optional<at::Tensor>& status) {
   auto [out_tokens, out_num_accepted] = empty_verify_outputs(target_logits, cu_num_draft, max_spec_len);
   verify_out(target_logits, draft_tokens, cu_num_draft, draft_probs, draft_probs_ids, temperature, seeds, offsets,
-             max_spec_len, out_tokens, out_num_accepted, bonus_tokens, status);
+             max_spec_len, out_tokens, out_num_accepted, bonus_tokens, target_is_probs, status);
   return {out_tokens, out_num_accepted};
 }
 
@@ -191,7 +192,7 @@ VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, 
   p.cu_num_draft = a.cu_num_draft.const_data_ptr<int32_t>();
   p.q_mode = a.q_mode;
   if (a.q_mode != DraftQ::kOneHot) {
-    p.q_probs = a.q_probs.const_data_ptr<float>();
+    p.q_probs = AnyFloatPtr{a.q_probs.const_data_ptr(), float_type(a.q_probs.scalar_type())};
     p.q_row_stride = a.q_probs.stride(0);
   }
   if (a.q_mode == DraftQ::kSparse) p.q_ids = a.q_ids.const_data_ptr<int32_t>();
@@ -206,6 +207,7 @@ VerifyParams<T> make_verify_params(const VerifyArgs& a, at::Tensor& out_tokens, 
   p.batch = a.batch;
   p.vocab = a.vocab;
   p.max_spec_len = a.max_spec_len;
+  p.target_probs = a.target_probs;
   return p;
 }
 

@@ -1,6 +1,7 @@
 // launch_verify on cuda_on_cpu against verify_cpu: one-hot, dense and sparse q, greedy and
 // sampled requests in one batch, ragged draft lengths (0, 1, ..., max_spec_len), fp32 / bf16 /
-// fp16, strided rows, odd vocabularies, and a request with bad input next to good ones.
+// fp16, strided rows, odd vocabularies, probabilities instead of logits, bf16 draft q, and a
+// request with bad input next to good ones.
 //
 // Outputs are integers (tokens, counts, status) and must match exactly. Both kernels draw the
 // same Philox numbers and run the same driver; only the order in which a row's softmax sum is
@@ -25,6 +26,8 @@ struct Case {
   int32_t num_candidates = 0;  // sparse K
   int32_t row_pad = 0;         // logits / dense q rows are this much longer than V (strided views)
   bool given_bonus = false;    // the caller's bonus tokens: logits hold the draft rows alone
+  bool probs = false;          // the rows hold probabilities (softmax of random logits, some zeros)
+  bool q_bf16 = false;         // draft q stored as bf16
 };
 
 template <class T>
@@ -41,6 +44,16 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   const int64_t stride = V + c.row_pad;
   const int32_t bonus_rows = c.given_bonus ? 0 : B;
   std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + bonus_rows) * stride, rng, 2.f);
+  if (c.probs) {  // each row's softmax, with a zero now and then (no mass: never emitted)
+    for (int32_t r = 0; r < T_ + bonus_rows; ++r) {
+      T* row = logits.data() + r * stride;
+      float m = coc_test::widen(row[0]), sum = 0.f;
+      for (int32_t v = 1; v < V; ++v) m = std::max(m, coc_test::widen(row[v]));
+      std::vector<float> e(V);
+      for (int32_t v = 0; v < V; ++v) sum += e[v] = (V > 1 && rng() % 9 == 0) ? 0.f : expf(coc_test::widen(row[v]) - m);
+      for (int32_t v = 0; v < V; ++v) row[v] = from_float<T>(sum > 0.f ? e[v] / sum : 1.f);
+    }
+  }
   // Drafts: the row's argmax half of the time (so some requests accept), else a random id, and
   // now and then the placeholder -1 (rejected: the request emits the token sampled there).
   std::vector<int32_t> drafts(T_);
@@ -57,6 +70,12 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   for (int32_t b = 0; b < B; ++b)
     if (c.lengths[b] > 0) bad = b;
   if (with_bad_request && bad >= 0) drafts[cu[bad]] = rng() % 2 ? V + 3 : -2;
+  // Probabilities: a value that is not one (NaN, negative or above 1) in request 0's first row,
+  // which fails it wherever that value is read (the greedy walk or a race reads the whole row).
+  if (with_bad_request && c.probs && bad != 0) {
+    const float poison[] = {NAN, -0.25f, 1.5f};
+    logits[size_t(rng() % uint64_t(V))] = from_float<T>(poison[rng() % 3]);
+  }
   std::vector<float> q_probs;
   std::vector<int32_t> q_ids;
   int64_t q_stride = 0;
@@ -87,6 +106,8 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
       for (int32_t k = 0; k < K; ++k) q_probs[i * K + k] /= sum;
     }
   }
+  std::vector<bfloat16_t> q_probs16(q_probs.size());
+  for (size_t i = 0; i < q_probs.size(); ++i) q_probs16[i] = to_bfloat16(q_probs[i]);
   std::vector<float> temperature(B);
   for (int32_t b = 0; b < B; ++b) temperature[b] = c.temperatures[b % c.temperatures.size()];
   std::vector<int64_t> seeds(B), offsets(B);
@@ -97,7 +118,7 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
     offsets[b] = int64_t(rng() % 1000);
   }
 
-  auto params = [&](const T* lg, const int32_t* dr, const int32_t* cu_p, const float* qp, const int32_t* qi,
+  auto params = [&](const T* lg, const int32_t* dr, const int32_t* cu_p, const void* qp, const int32_t* qi,
                     const float* tp, const int64_t* sd, const int64_t* of, const int32_t* bn, int32_t* out,
                     int32_t* acc, int32_t* st) {
     VerifyParams<T> p;
@@ -106,7 +127,7 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
     p.draft_tokens = dr;
     p.cu_num_draft = cu_p;
     p.q_mode = c.q_mode;
-    p.q_probs = c.q_mode == DraftQ::kOneHot ? nullptr : qp;
+    if (c.q_mode != DraftQ::kOneHot) p.q_probs = AnyFloatPtr{qp, c.q_bf16 ? FloatType::kBFloat16 : FloatType::kFloat32};
     p.q_row_stride = q_stride;
     p.q_ids = c.q_mode == DraftQ::kSparse ? qi : nullptr;
     p.num_candidates = c.num_candidates;
@@ -120,28 +141,32 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
     p.batch = B;
     p.vocab = V;
     p.max_spec_len = max_spec;
+    p.target_probs = c.probs;
     return p;
   };
 
   // CPU reference
   std::vector<int32_t> out_cpu(size_t(B) * (max_spec + 1)), acc_cpu(B), st_cpu(B, -7);
-  cpu::verify_cpu(params(logits.data(), drafts.data(), cu.data(), q_probs.data(), q_ids.data(), temperature.data(),
+  const void* host_q = c.q_bf16 ? static_cast<const void*>(q_probs16.data()) : q_probs.data();
+  cpu::verify_cpu(params(logits.data(), drafts.data(), cu.data(), host_q, q_ids.data(), temperature.data(),
                          seeds.data(), offsets.data(), bonus.data(), out_cpu.data(), acc_cpu.data(), st_cpu.data()),
                   T_, coc_test::SerialFor{});
 
   DeviceArray<T> d_logits(logits);
   DeviceArray<int32_t> d_drafts(drafts), d_cu(cu), d_ids(q_ids), d_bonus(bonus);
   DeviceArray<float> d_q(q_probs), d_temp(temperature);
+  DeviceArray<bfloat16_t> d_q16(q_probs16);
   DeviceArray<int64_t> d_seeds(seeds), d_offsets(offsets);
   for (const auto& sched : coc_test::schedules()) {
     cuda_on_cpu::set_schedule(sched);
     coc_test::g_case = std::string("verify ") + coc_test::dtype_name<T>() + " V=" + std::to_string(V) +
                        " q=" + std::to_string(int(c.q_mode)) + " B=" + std::to_string(B) + " seed " +
                        std::to_string(seed) + (with_bad_request ? " +bad" : "") +
-                       (c.given_bonus ? " given-bonus" : "") + " " + coc_test::order_name(sched.order) +
-                       std::to_string(sched.seed);
+                       (c.given_bonus ? " given-bonus" : "") + (c.probs ? " probs" : "") + (c.q_bf16 ? " q-bf16" : "") +
+                       " " + coc_test::order_name(sched.order) + std::to_string(sched.seed);
     DeviceArray<int32_t> d_out{out_cpu.size()}, d_acc{size_t(B)}, d_st{size_t(B)};
-    const VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, d_q.ptr, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
+    const void* dev_q = c.q_bf16 ? static_cast<const void*>(d_q16.ptr) : d_q.ptr;
+    const VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, dev_q, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
                                      d_offsets.ptr, d_bonus.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
     coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_verify<T>(p, T_, nullptr); });
     coc_test::expect_equal(d_out.host(), out_cpu, "out_tokens");
@@ -167,6 +192,12 @@ void run_all() {
       // the caller's bonus tokens: the logits hold the draft rows alone
       {211, {3, 0, 2, 1}, mixed, DraftQ::kOneHot, 0, 0, true},
       {97, {2, 1, 3}, mixed, DraftQ::kDense, 0, 3, true},
+      // probabilities instead of logits (greedy or temperature 1), and bf16 draft q
+      {1, {0, 1, 2}, {0.f, 1.f}, DraftQ::kOneHot, 0, 0, false, true},
+      {301, {3, 0, 2, 4}, {0.f, 1.f}, DraftQ::kOneHot, 0, 2, false, true},
+      {129, {4, 1, 0, 3}, {1.f, 0.f}, DraftQ::kDense, 0, 1, false, true, true},
+      {1031, {2, 5, 1, 0}, {1.f, 1.f, 0.f}, DraftQ::kSparse, 4, 0, true, true, true},
+      {77, {3, 2, 0}, mixed, DraftQ::kDense, 0, 0, false, false, true},
   };
   uint64_t seed = 11;
   for (const Case& c : cases) {

@@ -100,6 +100,13 @@ MUTANTS = {
         "    acc = markov_partial_merge(markov_load_partial(p.partial + (int64_t(i) * p.batch + b) * kMarkovSlot), acc, inv_t);",
         "dspark",
     ),
+    # --- the probabilities mode read as logits by the CUDA greedy walk (a p outside [0, 1] unseen)
+    "verify-probs-greedy-as-logits": (
+        "include/flashspark/cuda/verify.cuh",
+        "argmax_add(a, probs ? greedy_prob(v[j]) : greedy_logit(v[j]), int32_t(base + j));",
+        "argmax_add(a, greedy_logit(v[j]), int32_t(base + j));",
+        "verify",
+    ),
     # --- a CUB result read from a thread other than thread 0
     "topk-cub-thread1": (
         "include/flashspark/cuda/dflash2.cuh",

@@ -119,6 +119,10 @@ def build_verify(b):
             drafts = top_i.gather(-1, torch.multinomial(top_p, 1, generator=g)).squeeze(-1)
             probs, ids = top_p, top_i
     temps = (list(b["temps"]) + [1.0] * B)[:B]
+    if b.get("probs"):  # the target's probabilities (target_is_probs): greedy or temperature 1
+        logits = torch.softmax(logits, dim=-1)
+        temps = [0.0 if t < GREEDY_FLOOR else 1.0 for t in temps]
+        probs = None if probs is None else probs.to(dt)  # q in the target's dtype too
     a = dict(
         target_logits=logits.to(dt),
         draft_tokens=drafts.to(it),
@@ -135,6 +139,8 @@ def build_verify(b):
         keep[[cu[i + 1] + i for i in range(B)]] = False
         a["target_logits"] = a["target_logits"][keep]
         a["bonus_tokens"] = torch.randint(0, max(V, 1), (B,), generator=g).to(it)
+    if b.get("probs"):
+        a["target_is_probs"] = True
     m = dict(B=B, V=V, T=T, cu=cu, n=nd, temps=temps, q_mode=q_mode, dtype=dt)
     return a, m
 
@@ -328,6 +334,7 @@ NEEDS = {
     "sampled": _need_sampled,
     "f32": lambda b: b.update(dtype="float32"),
     "bonus": lambda b: b.update(bonus=True, V=max(b["V"], 1)),
+    "probs": lambda b: b.update(probs=True, V=max(b["V"], 1)),
     # attention
     "unread": lambda b: b.update(ctx=[min(c, 3) for c in b["ctx"]], S_extra=max(b["S_extra"], 1)),
     "ctx1": lambda b: b.update(ctx=[max(c, 1) for c in b["ctx"]]),
@@ -736,6 +743,39 @@ def _q_of_other_id(value):
     return f
 
 
+def _p_of_first_draft(value):
+    """On probabilities: set p(draft) of the first draft of a sampled request, which the accept
+    test reads, so the call must fail."""
+
+    def f(a, m, rng):
+        bs = [b for b in range(m["B"]) if m["temps"][b] >= GREEDY_FLOOR and m["n"][b] > 0]
+        if not bs:
+            return None
+        b = rng.choice(bs)
+        x = int(a["draft_tokens"][m["cu"][b]])
+        if x < 0:
+            return None
+        t = a["target_logits"].clone()
+        t[m["cu"][b] + (b if a.get("bonus_tokens") is None else 0), x] = value
+        a["target_logits"] = t
+        m["bad_request"] = b
+        return a
+
+    return f
+
+
+def _probs_temperature(a, m, rng):
+    """On probabilities: a temperature other than 0 or 1 (probabilities come tempered)."""
+    if m["B"] == 0:
+        return None
+    b = rng.randrange(m["B"])
+    t = a["temperature"].clone()
+    t[b] = 0.5
+    a["temperature"] = t
+    m["bad_request"] = b
+    return a
+
+
 def _with_bonus_rows(a, m, rng, arg):
     """Bonus tokens given, yet the logits keep one row per request more than the drafts."""
     logits = a["target_logits"]
@@ -820,6 +860,23 @@ def verify_mutations(out_variant=False):
     add(t, "valid:bonus_tokens", "bonus_tokens", lambda a, m, rng, arg: a, "ok", ("bonus",))
     add_index_values(t, "bonus_tokens", lambda m: m["V"], ("bonus",), low=-1)
     add(t, "shape:target_logits:bonus-rows", "target_logits", _with_bonus_rows, "error", ("bonus",))
+    # probabilities instead of logits: valid as given (with the caller's bonus tokens too); a p(draft)
+    # read that is not a probability, a row with no mass, or a temperature other than 0 / 1 fail
+    add(t, "valid:target_is_probs", "target_logits", lambda a, m, rng, arg: a, "ok", ("probs",))
+    add(t, "valid:target_is_probs-bonus", "target_logits", lambda a, m, rng, arg: a, "ok", ("probs", "bonus"))
+    for label, value in [("nan", float("nan")), ("-0.5", -0.5), ("1.5", 1.5)]:
+        cls = "value" if label != "nan" else "nonfinite"
+        add(
+            t,
+            f"{cls}:target_logits:probs-{label}",
+            "target_logits",
+            _p_of_first_draft(value),
+            "error",
+            ("probs", "drafts", "sampled"),
+            takes_arg=False,
+        )
+    add(t, "value:target_logits:probs-zero-row", "target_logits", _logit_at(0.0, whole_row=True), "error", ("probs",))
+    add(t, "value:temperature:probs-0.5", "temperature", _probs_temperature, "error", ("probs",), takes_arg=False)
     add_index_values(t, "draft_probs_ids", lambda m: m["V"], ("drafts", "sparse"))
     add(t, "value:draft_probs_ids:duplicate", "draft_probs_ids", _duplicate_sparse_id, "ok", ("drafts", "sparse", "K2"))
     for kind in ["decreasing", "first", "last", "wrap"]:
@@ -1722,6 +1779,7 @@ def call_verify(a):
         draft_probs=a["draft_probs"],
         draft_probs_ids=a["draft_probs_ids"],
         bonus_tokens=a.get("bonus_tokens"),
+        target_is_probs=a.get("target_is_probs", False),
         **_st(a),
     )
 
@@ -1740,6 +1798,7 @@ def call_verify_out(a):
         draft_probs=a["draft_probs"],
         draft_probs_ids=a["draft_probs_ids"],
         bonus_tokens=a.get("bonus_tokens"),
+        target_is_probs=a.get("target_is_probs", False),
         **_st(a),
     )
     return a["out_tokens"], a["out_num_accepted"]
@@ -1987,6 +2046,8 @@ def check_verify(a, out, m, mut):
                 errs.append(
                     f"request {b}: accepted every draft but emitted {int(row[k])}, not its bonus {int(bonus[b])}"
                 )
+        elif a.get("target_is_probs") and not float(logits[row0 + k, int(row[k])]) > 0:
+            errs.append(f"request {b}: emitted token {int(row[k])} has probability 0")
         elif not math.isfinite(float(logits[row0 + k, int(row[k])])):
             errs.append(
                 f"request {b}: emitted token {int(row[k])} has logit {float(logits[row0 + k, int(row[k])])}"
@@ -2022,6 +2083,7 @@ def check_verify(a, out, m, mut):
         max_spec_len=M,
         draft_probs=probs,
         bonus_tokens=bonus,
+        target_is_probs=a.get("target_is_probs", False),
     )
     if not torch.equal(tokens, want[0]) or not torch.equal(acc, want[1]):
         errs.append(

@@ -167,7 +167,7 @@ def test_inject_matches_reference(device, dtype, n, hkv, dim):
 def test_inject_equals_unfused_model_path(device):
     # The unfused path of the target model: k_norm (RMSNorm module), apply_rope
     # with the model's own cos/sin, then an indexed cache write.
-    from flashspark.models.qwen3 import RMSNorm, apply_rope, rope_cos_sin
+    from flashspark.models.decoder import RMSNorm, apply_rope, rope_cos_sin
 
     n, hkv, dim, max_len = 12, 2, 64, 64
     k, v, pos, slots, w, cs, kc, vc = inject_inputs(n, 3, hkv, dim, max_len, torch.float32, device, seed=1)

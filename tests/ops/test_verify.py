@@ -456,10 +456,13 @@ def stat_setup(q_mode, temperature):
     return target_logits, q, drafts, p
 
 
-def run_trials(q_mode, temperature, device):
+def run_trials(q_mode, temperature, device, probs=False, flag=True):
+    """STAT_TRIALS requests over the same rows; with `probs` the rows are p itself (passed
+    with target_is_probs when `flag`, and as if they were logits otherwise: a planted bug)."""
     target_logits, q, drafts, p = stat_setup(q_mode, temperature)
     n = STAT_TRIALS
-    logits = target_logits.repeat(n, 1)  # each trial: gamma draft rows + bonus row
+    rows = p.float() if probs else target_logits
+    logits = rows.repeat(n, 1)  # each trial: gamma draft rows + bonus row
     cu = torch.arange(n + 1, dtype=torch.int32) * STAT_GAMMA
     kw = dict(
         temperature=torch.full((n,), temperature),
@@ -467,6 +470,8 @@ def run_trials(q_mode, temperature, device):
         offsets=torch.zeros(n, dtype=torch.int64),
         max_spec_len=STAT_GAMMA,
     )
+    if probs and flag:
+        kw["target_is_probs"] = True
     if q_mode == "dense":
         kw["draft_probs"] = q.repeat(n, 1)
     elif q_mode == "sparse":
@@ -528,6 +533,153 @@ def test_statistic_rejects_planted_bugs(bug):
     # ...while the same sampler without a bug passes it.
     out, acc = _buggy_sampler(p, q, drafts, "none")
     assert all(stat < chi2_critical(df) for stat, df, _ in position_stats(out, acc, p))
+
+
+# ---------------------------------------------------------------- probabilities instead of logits
+
+
+def as_probs_case(logits, kw, dtype=torch.float32, q_dtype=torch.float32):
+    """The same case with the target's softmax rows (target_is_probs) and q in q_dtype."""
+    kw = dict(kw, target_is_probs=True)
+    if "draft_probs" in kw:
+        kw["draft_probs"] = kw["draft_probs"].to(q_dtype)
+    return torch.softmax(logits.float(), dim=-1).to(dtype), kw
+
+
+def test_greedy_probs_exact(device):
+    probs = torch.full((4, 10), 0.05)
+    for row, tok in enumerate([3, 1, 4, 9]):
+        probs[row, tok] = 0.55
+    probs[1, 7] = 0.55  # ties with id 1 in row 1: the lowest id (1) is the argmax
+    cu = torch.tensor([0, 3], dtype=torch.int32, device=device)
+    kw = dict(
+        temperature=torch.zeros(1, device=device),
+        seeds=torch.zeros(1, dtype=torch.int64, device=device),
+        offsets=torch.zeros(1, dtype=torch.int64, device=device),
+        max_spec_len=3,
+        target_is_probs=True,
+    )
+    out, acc = flashspark.verify(probs.to(device), torch.tensor([3, 1, 4], dtype=torch.int32, device=device), cu, **kw)
+    assert out.cpu().tolist() == [[3, 1, 4, 9]] and acc.cpu().tolist() == [3]
+    out, acc = flashspark.verify(probs.to(device), torch.tensor([3, 7, 4], dtype=torch.int32, device=device), cu, **kw)
+    assert out.cpu().tolist() == [[3, 1, -1, -1]] and acc.cpu().tolist() == [1]
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_probs_match_reference(device, q_mode, dtype, temperature):
+    num_draft = [3, 0, 8, 1, 5, 8, 2, 0, 4, 7, 6, 1, 8, 3, 2, 5, 0, 8, 4]
+    logits, tokens, cu, kw = make_case(num_draft, 111, q_mode=q_mode, temperature=temperature, seed=8, device=device)
+    probs, kw = as_probs_case(logits, kw, dtype=dtype, q_dtype=torch.bfloat16 if dtype == torch.bfloat16 else dtype)
+    (out, acc), (ref_out, ref_acc) = run_both(probs, tokens, cu, kw)
+    assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+    assert_well_formed(out, acc, cu, tokens, kw["max_spec_len"])
+    if temperature > 0:  # some drafts rejected and some accepted: both paths ran
+        assert 0 < int(acc.sum()) < sum(num_draft)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 5, 4097])
+def test_probs_odd_sizes_zeros_and_given_bonus(device, vocab):
+    # zero-probability entries (top-k / top-p upstream) are never emitted, whatever the race draws
+    logits, tokens, cu, kw = make_case([2, 5, 0, 3], vocab, q_mode="dense", seed=vocab, device=device)
+    probs, kw = as_probs_case(logits, kw)
+    if vocab > 2:
+        probs[:, 1::2] = 0.0
+        probs = probs / probs.sum(-1, keepdim=True)
+    (out, acc), (ref_out, ref_acc) = run_both(probs.to(device), tokens, cu, kw)
+    assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+    emitted = out.gather(1, acc.long().unsqueeze(1))
+    assert (emitted % 2 == 0).all() or vocab <= 2
+    bonus = torch.arange(4, dtype=torch.int32, device=device) % vocab
+    rows = without_bonus_rows(probs.to(device), cu)
+    (out2, acc2), (ref2, ref_acc2) = run_both(rows, tokens, cu, dict(kw, bonus_tokens=bonus))
+    assert torch.equal(out2, ref2) and torch.equal(acc2, ref_acc2)
+
+
+def test_bf16_draft_probs_match_reference(device):
+    # bf16 q on logits: the kernel widens q as it reads; the oracle sees the same bf16 values
+    logits, tokens, cu, kw = make_case([4, 2, 6, 1], 301, q_mode="dense", seed=21, device=device)
+    kw["draft_probs"] = kw["draft_probs"].to(torch.bfloat16)
+    (out, acc), (ref_out, ref_acc) = run_both(logits, tokens, cu, kw)
+    assert torch.equal(out, ref_out) and torch.equal(acc, ref_acc)
+
+
+@pytest.mark.parametrize("q_mode", ["onehot", "dense", "sparse"])
+def test_probs_statistically_lossless(device, q_mode):
+    out, acc, p, q, drafts = run_trials(q_mode, 1.0, device, probs=True)
+    for k, (stat, df, reached) in enumerate(position_stats(out, acc, p)):
+        assert reached > 1000, f"position {k} reached only {reached} times"
+        assert stat < chi2_critical(df), f"position {k}: chi2 {stat:.1f} >= {chi2_critical(df):.1f}"
+
+
+def test_probs_statistic_rejects_probs_read_as_logits(device):
+    # The planted bug: the probabilities handed over without the flag, so the kernel samples
+    # softmax(p) (much flatter than p). The same statistic must reject it.
+    out, acc, p, _, _ = run_trials("dense", 1.0, device, probs=True, flag=False)
+    assert any(stat >= chi2_critical(df) for stat, df, _ in position_stats(out, acc, p))
+
+
+def _probs_status(device, probs, drafts, num_draft, temperature, **extra):
+    cu = torch.tensor([0] + torch.tensor(num_draft).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    b = len(num_draft)
+    status = torch.full((b,), -7, dtype=torch.int32, device=device)
+    out, acc = flashspark.verify(
+        probs.to(device),
+        torch.tensor(drafts, dtype=torch.int32, device=device),
+        cu,
+        temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+        seeds=torch.arange(b, dtype=torch.int64, device=device),
+        offsets=torch.zeros(b, dtype=torch.int64, device=device),
+        max_spec_len=max(num_draft),
+        target_is_probs=True,
+        status=status,
+        **extra,
+    )
+    return out.cpu(), acc.cpu(), status.cpu().tolist()
+
+
+def test_probs_bad_values_fail_their_request_alone(device):
+    probs = torch.full((8, 4), 0.25)
+    probs[0, 2] = float("nan")  # request 0 greedy: its whole row is read
+    probs[2, 1] = -0.5  # request 1 samples: p(draft) itself is read
+    probs[4, :] = 0.0  # request 2 greedy: a row with no mass
+    probs[6, 3] = 1.5  # request 3 samples and rejects there (p(0) = 0.25 vs q one-hot): the race reads it
+    probs[6, 0] = 0.0
+    out, acc, st = _probs_status(device, probs, [1, 1, 0, 0], [1, 1, 1, 1], [0.0, 1.0, 0.0, 1.0])
+    assert st == [18, 18, 18, 18]
+    assert (acc == -1).all() and (out == -1).all()
+    # the message, raised by the CPU without a status tensor
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match="target_is_probs.*NaN or outside"):
+            flashspark.verify(
+                probs[:2],
+                torch.tensor([1], dtype=torch.int32),
+                torch.tensor([0, 1], dtype=torch.int32),
+                temperature=torch.zeros(1),
+                seeds=torch.zeros(1, dtype=torch.int64),
+                offsets=torch.zeros(1, dtype=torch.int64),
+                max_spec_len=1,
+                target_is_probs=True,
+            )
+
+
+def test_probs_need_temperature_zero_or_one(device):
+    probs = torch.full((6, 4), 0.25)
+    out, acc, st = _probs_status(device, probs, [1, 1, 1], [1, 1, 1], [0.7, 1.0, 2.0])
+    assert st == [5, 0, 5] and int(acc[1]) >= 0 and int(acc[0]) == -1
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match="0 or 1 with target_is_probs"):
+            flashspark.verify(
+                probs[:2],
+                torch.tensor([1], dtype=torch.int32),
+                torch.tensor([0, 1], dtype=torch.int32),
+                temperature=torch.full((1,), 0.5),
+                seeds=torch.zeros(1, dtype=torch.int64),
+                offsets=torch.zeros(1, dtype=torch.int64),
+                max_spec_len=1,
+                target_is_probs=True,
+            )
 
 
 # ---------------------------------------------------------------- determinism
@@ -604,6 +756,15 @@ def test_opcheck(device, q_mode):
         torch.ops.flashspark.verify_out.default,
         (rows, *args[1:]),
         {"out_tokens": out, "out_num_accepted": nacc, "bonus_tokens": given},
+    )
+    # probabilities with bf16 q, functional and out
+    probs, pkw = as_probs_case(logits, kw, q_dtype=torch.bfloat16)
+    pargs = (probs, tokens, cu, pkw.get("draft_probs"), *args[4:])
+    torch.library.opcheck(torch.ops.flashspark.verify.default, pargs, {"target_is_probs": True})
+    torch.library.opcheck(
+        torch.ops.flashspark.verify_out.default,
+        pargs,
+        {"out_tokens": out, "out_num_accepted": nacc, "target_is_probs": True},
     )
 
 

@@ -113,6 +113,31 @@ FS_HOST_DEVICE float16_t to_float16(float f) {
   return float16_t{uint16_t(sign | h)};
 }
 
+// A read-only pointer to fp32, bf16 or fp16 values whose type is known only at run time
+// (a drafter's probabilities come in its own dtype, independent of the logits'). Every read
+// widens to fp32; the branch is the same for a whole row, so it predicts perfectly.
+enum class FloatType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+struct AnyFloatPtr {
+  const void* data = nullptr;
+  FloatType type = FloatType::kFloat32;
+
+  FS_HOST_DEVICE float operator[](int64_t i) const {
+    switch (type) {
+      case FloatType::kBFloat16:
+        return to_float(static_cast<const bfloat16_t*>(data)[i]);
+      case FloatType::kFloat16:
+        return to_float(static_cast<const float16_t*>(data)[i]);
+      default:
+        return static_cast<const float*>(data)[i];
+    }
+  }
+  FS_HOST_DEVICE AnyFloatPtr operator+(int64_t i) const {
+    const int64_t bytes = type == FloatType::kFloat32 ? 4 : 2;
+    return AnyFloatPtr{static_cast<const char*>(data) + i * bytes, type};
+  }
+};
+
 // Widen-and-narrow helpers used by kernels that write their output dtype.
 template <class T>
 FS_HOST_DEVICE T from_float(float x);
@@ -162,6 +187,7 @@ enum class Status : int32_t {
   kPathTokenRange = 15,   // path_select: a candidate or anchor id outside [0, V)
   kPrevTokenRange = 16,   // markov_step: a previous token outside [0, V)
   kBonusTokenRange = 17,  // verify: a given bonus token outside [0, V)
+  kBadTargetProb = 18,    // verify (probabilities mode): a p value read is NaN or outside [0, 1], or a row has no mass
 };
 
 FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {

@@ -66,3 +66,8 @@ def uniform_open01(bits: torch.Tensor) -> torch.Tensor:
 def gumbel(bits: torch.Tensor) -> torch.Tensor:
     """Gumbel noise -log(-log u): argmax(log r + g) samples from norm(r)."""
     return -torch.log(-torch.log(uniform_open01(bits)))
+
+
+def exponential(bits: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise -log u, the same draw's inner term: argmax(r / E) samples from norm(r)."""
+    return -torch.log(uniform_open01(bits))

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .common import GREEDY_TEMPERATURE, _one_device, _to_int, log_softmax_shifted
-from .philox import PURPOSE_ACCEPT, PURPOSE_RESAMPLE, gumbel, philox_u32, uniform_open01
+from .philox import PURPOSE_ACCEPT, PURPOSE_RESAMPLE, exponential, gumbel, philox_u32, uniform_open01
 
 # A draft id of -1 marks a position with no draft (vLLM's placeholder): it is rejected, so the
 # request emits the correction token sampled at that position and stops (kPlaceholderToken).
@@ -27,6 +27,7 @@ def verify(
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
     bonus_tokens: Optional[torch.Tensor] = None,
+    target_is_probs: bool = False,
     status: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged rejection-sampling verification of draft tokens (lossless).
@@ -39,7 +40,8 @@ def verify(
         rows ``cu_num_draft[b] + b ... cu_num_draft[b+1] + b``: the target's
         logits at each of its draft positions, then its bonus row. Rows may be
         strided (e.g. a slice of a larger buffer). Softmax with temperature is
-        fused into the kernel; probabilities are never materialized.
+        fused into the kernel; probabilities are never materialized. With
+        ``target_is_probs`` the rows hold the target's probabilities instead.
       draft_tokens: ``[T]`` int32/int64, flattened over requests, in ``[0, V)``; ``-1``
         (``PLACEHOLDER_TOKEN``) marks a position with no draft: it is rejected, so the
         request emits the token sampled there (argmax when greedy) and stops.
@@ -52,11 +54,18 @@ def verify(
         ``max_spec_len + 1`` between calls so no draw is ever reused.
       max_spec_len: static bound on n_b (at most ``MAX_SPEC_LEN``); fixes the output width.
       draft_probs: the drafter's q. ``None``: the draft was deterministic (q is
-        one-hot at the draft token). ``[T, V]`` float32: dense q. ``[T, K]``
-        float32 together with ``draft_probs_ids``: sparse q over K candidate ids.
+        one-hot at the draft token). ``[T, V]``: dense q. ``[T, K]`` together with
+        ``draft_probs_ids``: sparse q over K candidate ids. float32, bfloat16 or
+        float16, whatever the dtype of ``target_logits``.
       bonus_tokens: optional ``[B]`` int32/int64 bonus tokens the caller sampled itself
         (vLLM samples its own), in ``[0, V)``. With them ``target_logits`` is ``[T, V]``, the
         draft rows alone, and a request that accepts all its drafts emits its bonus token.
+      target_is_probs: ``target_logits`` holds probabilities p (an engine that has them
+        already, as FlashInfer's and SGLang's samplers take them): each row is a
+        distribution taken as given (values in [0, 1], the sum not checked), p(x) is read
+        directly and the race keys are ``r(x) / E`` with ``E = -log u``, so no log or
+        softmax is taken over a row and no extra pass is made. Probabilities come
+        tempered: ``temperature`` must be 0 (greedy: argmax of p) or exactly 1.
       draft_probs_ids: ``[T, K]`` int32/int64 candidate ids for sparse q. An id
         listed twice counts with the sum of its probabilities.
       status: optional ``[B]`` int32 output: 0, or the code of what failed the
@@ -88,6 +97,7 @@ def verify(
         offsets,
         max_spec_len,
         bonus_tokens=bonus_tokens,
+        target_is_probs=target_is_probs,
         status=status,
     )
 
@@ -106,6 +116,7 @@ def verify_out(
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
     bonus_tokens: Optional[torch.Tensor] = None,
+    target_is_probs: bool = False,
     status: Optional[torch.Tensor] = None,
 ) -> None:
     """:func:`verify` writing into preallocated, contiguous int32 outputs
@@ -124,6 +135,7 @@ def verify_out(
         out_tokens=out_tokens,
         out_num_accepted=out_num_accepted,
         bonus_tokens=bonus_tokens,
+        target_is_probs=target_is_probs,
         status=status,
     )
 
@@ -141,6 +153,7 @@ def _verify_fake(
     max_spec_len,
     *,
     bonus_tokens=None,
+    target_is_probs=False,
     status=None,
 ):
     _one_device(
@@ -178,6 +191,7 @@ def _verify_out_fake(
     out_tokens,
     out_num_accepted,
     bonus_tokens=None,
+    target_is_probs=False,
     status=None,
 ):
     # the inputs as verify checks them, then the output buffers on the same device
@@ -192,6 +206,7 @@ def _verify_out_fake(
         offsets,
         max_spec_len,
         bonus_tokens=bonus_tokens,
+        target_is_probs=target_is_probs,
         status=status,
     )
     _one_device("verify", target_logits=target_logits, out_tokens=out_tokens, out_num_accepted=out_num_accepted)
@@ -210,6 +225,7 @@ def verify_reference(
     draft_probs: Optional[torch.Tensor] = None,
     draft_probs_ids: Optional[torch.Tensor] = None,
     bonus_tokens: Optional[torch.Tensor] = None,
+    target_is_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Oracle of :func:`flashspark.ops.verify` (same arguments and outputs)."""
     logits = target_logits.detach().float().cpu()
@@ -237,7 +253,12 @@ def verify_reference(
             out[b, k] = int(target[k]) if k < n or bonus is None else int(bonus[b])
             num_accepted[b] = k
             continue
-        logp = log_softmax_shifted(rows, temp)
+        # p(x) and the race keys on the given rows: Gumbel on log p, or r / E on probabilities
+        if target_is_probs:
+            p_rows, logp = rows, None
+        else:
+            logp = log_softmax_shifted(rows, temp)
+            p_rows = logp.exp()
         emitted = None
         k = 0
         for k in range(n):
@@ -254,24 +275,37 @@ def verify_reference(
                 probs = draft_probs[lo + k].detach().float().cpu()
                 q.index_add_(0, ids, probs)  # an id listed twice counts with the sum of its probabilities
             u = uniform_open01(philox_u32(seed, offset + k, PURPOSE_ACCEPT, 0))
-            if not placeholder and u * q[x] < logp[k, x].exp():
+            if not placeholder and u * q[x] < p_rows[k, x]:
                 out[b, k] = x
                 continue
-            g = gumbel(philox_u32(seed, offset + k, PURPOSE_RESAMPLE, vocab_ids))
-            residual = torch.clamp(logp[k].exp() - q, min=0.0)
-            key = torch.where(q > 0, torch.log(residual), logp[k]) + g
-            if torch.isneginf(key).all():  # p == q: residual empty, fall back to p
-                key = logp[k] + g
-            emitted = int(key.argmax())
+            emitted = _race(p_rows[k], logp, k, q, philox_u32(seed, offset + k, PURPOSE_RESAMPLE, vocab_ids))
             break
         else:
             k = n
         if emitted is None and bonus is not None:
             emitted = int(bonus[b])
         elif emitted is None:
-            g = gumbel(philox_u32(seed, offset + n, PURPOSE_RESAMPLE, vocab_ids))
-            emitted = int((logp[n] + g).argmax())
+            bits = philox_u32(seed, offset + n, PURPOSE_RESAMPLE, vocab_ids)
+            emitted = _race(p_rows[n], logp, n, torch.zeros(vocab), bits)
         out[b, k] = emitted
         num_accepted[b] = k
     device = target_logits.device
     return out.to(device), num_accepted.to(device)
+
+
+def _race(p: torch.Tensor, logp: Optional[torch.Tensor], k: int, q: torch.Tensor, bits: torch.Tensor) -> int:
+    """The token sampled from norm(max(p - q, 0)) (p itself where that has no mass) by the
+    kernels' race: Gumbel keys on logits (``logp`` given), r / E keys on probabilities."""
+    if logp is None:
+        e = exponential(bits)
+        residual = torch.where(q > 0, p - q, p)
+        key = torch.where(residual > 0, residual / e, float("-inf"))
+        if torch.isneginf(key).all():  # p == q: residual empty, fall back to p
+            key = torch.where(p > 0, p / e, float("-inf"))
+        return int(key.argmax())
+    g = gumbel(bits)
+    residual = torch.clamp(p - q, min=0.0)
+    key = torch.where(q > 0, torch.log(residual), logp[k]) + g
+    if torch.isneginf(key).all():  # p == q: residual empty, fall back to p
+        key = logp[k] + g
+    return int(key.argmax())

@@ -130,6 +130,14 @@ FS_CPU_CLONES static bool any_nan(int64_t n, const float* __restrict x) {
   return bad != 0;
 }
 
+// Whether any x[i] lies outside [0, 1] (NaN included): a value that is not a probability.
+FS_CPU_CLONES static bool any_outside01(int64_t n, const float* __restrict x) {
+  int bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) bad |= !(x[i] >= 0.f && x[i] <= 1.f);
+  return bad != 0;
+}
+
 // The first i with x[i] == v (n when there is none).
 static inline int64_t first_equal(int64_t n, const float* x, float v) {
   int64_t i = 0;

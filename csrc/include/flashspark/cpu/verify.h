@@ -20,7 +20,7 @@ struct VerifyRowBackend {
 
   bool leader() const { return true; }
 
-  ArgMax row_argmax(const T* row) const {
+  ArgMax row_argmax(const T* row, bool probs) const {
     return chunked_reduce(
         vocab, argmax_identity(),
         [&](int64_t lo, int64_t hi) {
@@ -31,7 +31,8 @@ struct VerifyRowBackend {
           for (int64_t b = lo; b < hi; b += kVerifyTile) {
             const int64_t n = std::min(kVerifyTile, hi - b);
             const float* x = as_f32(row + b, size_t(n), buf);
-            if (any_nan(n, x)) return ArgMax{kPosInf, int32_t(b)};  // greedy_logit: NaN reads as +inf
+            // greedy_logit / greedy_prob: NaN (on probabilities, anything outside [0, 1]) reads as +inf
+            if (probs ? any_outside01(n, x) : any_nan(n, x)) return ArgMax{kPosInf, int32_t(b)};
             const float m = max_of(n, x);
             if (a.i < 0 || m > a.v) a = ArgMax{m, int32_t(b + first_equal(n, x, m))};
           }
@@ -61,7 +62,8 @@ struct VerifyRowBackend {
         SoftmaxMergeOp{inv_t}, parallel_for);
   }
 
-  RaceResult row_race(const T* row, const RowSoftmax& sm, const RaceQ& q, uint64_t seed, uint64_t position) const {
+  template <class Add>
+  RaceResult row_race(const T* row, const Add& add, uint64_t seed, uint64_t position) const {
     return chunked_reduce(
         vocab, race_identity(),
         [&](int64_t lo, int64_t hi) {
@@ -69,10 +71,7 @@ struct VerifyRowBackend {
           for (int64_t i = lo; i < hi; i += 4) {
             const U32x4 bits = philox_block(seed, position, kPurposeResample, uint32_t(i >> 2));
             const int64_t n = std::min<int64_t>(4, hi - i);
-            for (int64_t j = 0; j < n; ++j) {
-              const int32_t x = int32_t(i + j);
-              race_add(r, q, sm, x, to_float(row[x]), gumbel_from_u32(lane(bits, uint32_t(j))));
-            }
+            for (int64_t j = 0; j < n; ++j) add(r, int32_t(i + j), to_float(row[i + j]), lane(bits, uint32_t(j)));
           }
           return r;
         },

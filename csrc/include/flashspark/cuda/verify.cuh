@@ -43,7 +43,7 @@ struct VerifyBlockBackend {
     return out;
   }
 
-  __device__ ArgMax row_argmax(const T* row) const {
+  __device__ ArgMax row_argmax(const T* row, bool probs) const {
     const bool vec_ok = aligned4(row);
     ArgMax a = argmax_identity();
     for (int64_t base = 4 * int64_t(threadIdx.x); base < vocab; base += 4 * kThreads) {
@@ -51,7 +51,7 @@ struct VerifyBlockBackend {
       load4(row, base, vocab, vec_ok, v);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (base + j < vocab) argmax_add(a, greedy_logit(v[j]), int32_t(base + j));
+        if (base + j < vocab) argmax_add(a, probs ? greedy_prob(v[j]) : greedy_logit(v[j]), int32_t(base + j));
     }
     return broadcast(sh.argmax, ArgMaxReduce(sh.reduce.argmax).Reduce(a, ArgMaxMergeOp{}));
   }
@@ -68,8 +68,8 @@ struct VerifyBlockBackend {
     return broadcast(sh.softmax, SoftmaxReduce(sh.reduce.softmax).Reduce(st, SoftmaxMergeOp{inv_t}));
   }
 
-  __device__ RaceResult row_race(const T* row, const RowSoftmax& sm, const RaceQ& q, uint64_t seed,
-                                 uint64_t position) const {
+  template <class Add>
+  __device__ RaceResult row_race(const T* row, const Add& add, uint64_t seed, uint64_t position) const {
     const bool vec_ok = aligned4(row);
     RaceResult r = race_identity();
     for (int64_t base = 4 * int64_t(threadIdx.x); base < vocab; base += 4 * kThreads) {
@@ -78,7 +78,7 @@ struct VerifyBlockBackend {
       const U32x4 bits = philox_block(seed, position, kPurposeResample, uint32_t(base >> 2));
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (base + j < vocab) race_add(r, q, sm, int32_t(base + j), v[j], gumbel_from_u32(lane(bits, uint32_t(j))));
+        if (base + j < vocab) add(r, int32_t(base + j), v[j], lane(bits, uint32_t(j)));
     }
     return broadcast(sh.race, RaceReduce(sh.reduce.race).Reduce(r, RaceMergeOp{}));
   }
