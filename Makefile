@@ -16,11 +16,12 @@ SOURCES    := $(shell find csrc -type f) setup.py pyproject.toml
 
 all: test
 
-$(VENV)/.deps: requirements.txt
+$(VENV)/.deps: requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
 	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --no-deps -r requirements-nodeps.txt
 	@$(PY) -c "import torch, shutil; gpu = shutil.which('nvidia-smi'); \
 	  print('torch', torch.__version__, '| CUDA build' if torch.version.cuda else '| CPU build'); \
 	  assert gpu or not torch.version.cuda, 'a CUDA build of torch was installed on a machine without a GPU'"
@@ -32,7 +33,12 @@ $(VENV)/.built: $(VENV)/.deps $(SOURCES)
 
 build: $(VENV)/.built
 
-test: build
+# The tests' transformers oracle (requirements-test.txt), without its dependencies.
+$(VENV)/.test-deps: $(VENV)/.deps requirements-test.txt
+	$(PIP) install --quiet --no-deps -r requirements-test.txt
+	touch $@
+
+test: build $(VENV)/.test-deps
 	$(PY) -m pytest -q tests
 
 # Speculative decoding with the shipped target and DFlash drafter: prints the

@@ -28,9 +28,9 @@ import statistics
 import torch
 from flashspark.methods import load_method_drafter
 from flashspark.models import dflash2 as dflash2_model
+from flashspark.models.decoder import RMSNorm
 from flashspark.models.dflash import DFlashDrafter
 from flashspark.models.io import load_model
-from flashspark.models.qwen3 import RMSNorm
 from timing import median_time, write_result
 
 

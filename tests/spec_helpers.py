@@ -4,12 +4,12 @@ import math
 
 import torch
 from flashspark.decoding import speculative_generate
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.models import DecoderConfig, DecoderForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter
 
 
-def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(
+def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> DecoderForCausalLM:
+    cfg = DecoderConfig(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -20,7 +20,7 @@ def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> Qwen3ForCausalLM:
         max_position_embeddings=160,
         torch_dtype="float32",
     )
-    m = Qwen3ForCausalLM(cfg)
+    m = DecoderForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():  # spread the logits: a near-uniform target makes every test weak
         m.model.embed_tokens.weight.mul_(scale)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.models import DecoderConfig, DecoderForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
 from flashspark.models.dflash2 import (
     DFlash2Config,
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 101
 
 
-def tiny_target(seed=0, vocab=VOCAB) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(
+def tiny_target(seed=0, vocab=VOCAB) -> DecoderForCausalLM:
+    cfg = DecoderConfig(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=96,
@@ -35,7 +35,7 @@ def tiny_target(seed=0, vocab=VOCAB) -> Qwen3ForCausalLM:
         max_position_embeddings=96,
         torch_dtype="float32",
     )
-    m = Qwen3ForCausalLM(cfg)
+    m = DecoderForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():
         m.model.embed_tokens.weight.mul_(20)  # peaked logits: paths and Top-K are not all ties

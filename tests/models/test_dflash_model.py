@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 from flashspark import data, reference
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM, load_model
+from flashspark.models import DecoderConfig, DecoderForCausalLM, load_model
 from flashspark.models.dflash import (
     DFlashConfig,
     DFlashDrafter,
@@ -23,8 +23,8 @@ SHIPPED_TARGET = data.ASSETS_DIR / "target"
 SHIPPED_DFLASH = data.ASSETS_DIR / "dflash"
 
 
-def tiny_target(seed=0, vocab=101, layers=3) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(
+def tiny_target(seed=0, vocab=101, layers=3) -> DecoderForCausalLM:
+    cfg = DecoderConfig(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=96,
@@ -36,7 +36,7 @@ def tiny_target(seed=0, vocab=101, layers=3) -> Qwen3ForCausalLM:
         max_position_embeddings=96,
         torch_dtype="float32",
     )
-    m = Qwen3ForCausalLM(cfg)
+    m = DecoderForCausalLM(cfg)
     m.init_weights(seed)
     return m.eval()
 

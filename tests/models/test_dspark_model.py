@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.models import DecoderConfig, DecoderForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
 from flashspark.models.dspark import DSparkConfig, DSparkDrafter, load_dspark, markov_rollout, save_dspark
 from flashspark.train.dspark import cumulative_confidence, fit_sequential_temperatures, sparse_tv
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 97
 
 
-def tiny_target(seed=0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(
+def tiny_target(seed=0) -> DecoderForCausalLM:
+    cfg = DecoderConfig(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -31,7 +31,7 @@ def tiny_target(seed=0) -> Qwen3ForCausalLM:
         max_position_embeddings=96,
         torch_dtype="float32",
     )
-    m = Qwen3ForCausalLM(cfg)
+    m = DecoderForCausalLM(cfg)
     m.init_weights(seed)
     with torch.no_grad():
         m.model.embed_tokens.weight.mul_(20)

@@ -1,5 +1,6 @@
-"""Target model: HF parameter names, checkpoint I/O, KV-cache forward forms,
-plain AR decoding, and clear errors on bad input."""
+"""Target model: HF parameter names per family, checkpoint I/O, KV-cache forward forms,
+plain AR decoding, and clear errors on bad input and on config features the decoder lacks.
+(Parity with transformers: test_hf_parity.py; GGUF files: test_gguf.py.)"""
 
 import json
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 from flashspark import data
 from flashspark.decoding.plain import generate, sample_next
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM, hf_parameter_names, load_model, save_model
+from flashspark.models import DecoderConfig, DecoderForCausalLM, hf_parameter_names, load_model, save_model
 from safetensors.torch import load_file, save_file
 
 SHIPPED = data.ASSETS_DIR / "target"
@@ -16,7 +17,7 @@ SHIPPED = data.ASSETS_DIR / "target"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def tiny_config(**kw) -> Qwen3Config:
+def tiny_config(**kw) -> DecoderConfig:
     base = dict(
         vocab_size=101,
         hidden_size=64,
@@ -30,11 +31,11 @@ def tiny_config(**kw) -> Qwen3Config:
         torch_dtype="float32",
     )
     base.update(kw)
-    return Qwen3Config(**base)
+    return DecoderConfig(**base)
 
 
-def tiny_model(seed=0, **kw) -> Qwen3ForCausalLM:
-    m = Qwen3ForCausalLM(tiny_config(**kw))
+def tiny_model(seed=0, **kw) -> DecoderForCausalLM:
+    m = DecoderForCausalLM(tiny_config(**kw))
     m.init_weights(seed)
     # Non-trivial norm weights so a swapped q_norm/k_norm would show.
     with torch.no_grad():
@@ -73,6 +74,40 @@ def test_hf_parameter_names_layer0():
         "model.norm.weight",
         "lm_head.weight",
     ]
+
+
+def test_hf_parameter_names_per_family():
+    """Llama and Qwen2 have no q/k-norm; Qwen2 has q/k/v biases and no o_proj bias; Llama's
+    attention_bias and mlp_bias add biases to every projection."""
+    qwen3 = hf_parameter_names(tiny_config(num_hidden_layers=1))
+    llama = hf_parameter_names(tiny_config(num_hidden_layers=1, model_type="llama"))
+    assert llama == [n for n in qwen3 if not n.endswith(("q_norm.weight", "k_norm.weight"))]
+    qwen2 = hf_parameter_names(tiny_config(num_hidden_layers=1, model_type="qwen2"))
+    assert sorted(set(qwen2) - set(llama)) == [f"model.layers.0.self_attn.{p}_proj.bias" for p in "kqv"]
+    biased = hf_parameter_names(
+        tiny_config(num_hidden_layers=1, model_type="llama", attention_bias=True, mlp_bias=True)
+    )
+    extra = sorted(n.removeprefix("model.layers.0.") for n in set(biased) - set(llama))
+    assert extra == sorted(
+        [f"self_attn.{p}_proj.bias" for p in "qkvo"] + [f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")]
+    )
+    for config in (tiny_config(model_type=t) for t in ("qwen3", "llama", "qwen2")):
+        names = [n for n, _ in DecoderForCausalLM(config).named_parameters(remove_duplicate=False)]
+        assert sorted(names) == sorted(hf_parameter_names(config) + (["lm_head.weight"] * config.tie_word_embeddings))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_family_save_load_round_trip(tmp_path, model_type):
+    m = tiny_model(model_type=model_type, tie_word_embeddings=False)
+    save_model(m, tmp_path, dtype=torch.float32)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == model_type
+    assert cfg["architectures"] == [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[model_type]]
+    m2 = load_model(tmp_path)
+    assert m2.config == m.config
+    x = tokens(2, 11)
+    with torch.no_grad():
+        assert torch.equal(m(x).logits, m2(x).logits)
 
 
 @pytest.mark.parametrize("tie", [True, False])
@@ -297,7 +332,82 @@ def test_bad_config_values(tmp_path):
         tiny_config(num_key_value_heads=3)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
-        Qwen3Config.from_file(tmp_path)
+        DecoderConfig.from_file(tmp_path)
+
+
+# Config features the decoder does not implement: each would load and give wrong logits.
+UNSUPPORTED = [
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling of type 'linear'"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling of type 'dynamic'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling of type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling of type 'llama3'"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 5000.0}}, "rope_parameters of type 'longrope'"),
+    ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, "partial rotary"),
+    ({"partial_rotary_factor": 0.5}, "partial rotary"),
+    ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act 'gelu_pytorch_tanh'"),
+    ({"use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window"),
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4096}, "use_sliding_window"),
+    ({"model_type": "llama", "sliding_window": 4096}, "sliding_window=4096"),
+    ({"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "sliding_attention"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "quantized checkpoints.*gptq"),
+    ({"model_type": "mistral"}, "model_type 'mistral' is not supported"),
+    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' is not supported"),
+    ({"attention_bias": "yes"}, "attention_bias must be true or false"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}}}, "rope_parameters per layer type"),
+]
+
+
+@pytest.mark.parametrize("change,match", UNSUPPORTED, ids=[m for _, m in UNSUPPORTED])
+def test_unsupported_config_features_raise(tmp_path, change, match):
+    save_model(tiny_model(), tmp_path, dtype=torch.float32)
+    cfg = {**json.loads((tmp_path / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rope_scaling": None},
+        {"rope_scaling": {"rope_type": "default"}},
+        {"attention_dropout": 0.1},  # inference: no dropout
+        {"hidden_act": "silu"},
+        {"sliding_window": 4096, "use_sliding_window": False},  # Qwen semantics: the window is off
+        {"layer_types": ["full_attention"] * 3},
+    ],
+)
+def test_supported_config_values_load(tmp_path, change):
+    m = tiny_model()
+    save_model(m, tmp_path, dtype=torch.float32)
+    cfg = {**json.loads((tmp_path / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_model(tmp_path).config == m.config
+
+
+def test_absent_keys_take_the_families_defaults():
+    """As in Hugging Face's classes: untied, KV heads = query heads, head_dim = hidden / heads
+    (Qwen3: 128)."""
+    d = {
+        k: v
+        for k, v in tiny_config().to_dict().items()
+        if k not in ("tie_word_embeddings", "num_key_value_heads", "head_dim")
+    }
+    for model_type, head_dim in (("llama", 16), ("qwen2", 16), ("qwen3", 128)):
+        c = DecoderConfig.from_dict({**d, "model_type": model_type, "architectures": None})
+        assert (c.tie_word_embeddings, c.num_key_value_heads, c.head_dim) == (False, 4, head_dim)
+
+
+def test_family_flags_checked():
+    with pytest.raises(ValueError, match="model_type 'gemma' is not supported"):
+        tiny_config(model_type="gemma")
+    with pytest.raises(ValueError, match="qwen2 has q/k/v biases"):
+        tiny_config(model_type="qwen2", attention_bias=True)
+    with pytest.raises(ValueError, match="mlp_bias is a llama option"):
+        tiny_config(model_type="qwen3", mlp_bias=True)
+    # Keys transformers' class for the family does not read are ignored, as there.
+    d = {**tiny_config(model_type="qwen2").to_dict(), "attention_bias": True, "mlp_bias": True}
+    assert DecoderConfig.from_dict(d) == tiny_config(model_type="qwen2")
 
 
 # ------------------------------------------------------------ shipped model

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flashspark.models import Qwen3Config, Qwen3ForCausalLM
+from flashspark.models import DecoderConfig, DecoderForCausalLM
 from flashspark.scheduling import Scheduler
 from flashspark.scheduling.calibration import prefix_survival
 from flashspark.scheduling.confidence import ConfidenceScheduler, conditional, schedule_tokens
@@ -144,7 +144,7 @@ def test_scheduler_interface_and_delay():
 
 
 def test_profile_sps_and_cache(tmp_path):
-    cfg = Qwen3Config(
+    cfg = DecoderConfig(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
@@ -155,7 +155,7 @@ def test_profile_sps_and_cache(tmp_path):
         max_position_embeddings=128,
         torch_dtype="float32",
     )
-    target = Qwen3ForCausalLM(cfg)
+    target = DecoderForCausalLM(cfg)
     target.init_weights(0)
     path = tmp_path / "sps.json"
     table = profile_sps(
@@ -183,7 +183,7 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
     from flashspark.decoding.plain import generate
     from flashspark.models.dspark import DSparkConfig, DSparkDrafter
 
-    cfg = Qwen3Config(
+    cfg = DecoderConfig(
         vocab_size=48,
         hidden_size=32,
         intermediate_size=64,
@@ -194,7 +194,7 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
         max_position_embeddings=160,
         torch_dtype="float32",
     )
-    target = Qwen3ForCausalLM(cfg)
+    target = DecoderForCausalLM(cfg)
     target.init_weights(0)
     with torch.no_grad():
         target.model.embed_tokens.weight.mul_(30)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..models.decoder import DecoderForCausalLM
 from ..models.dflash import DFlashDrafter
 from ..models.dflash2 import PATH_MODES
 from ..models.drafter import DraftBlock
-from ..models.qwen3 import Qwen3ForCausalLM
 from ..ops.sampling import PURPOSE_RESAMPLE, sample_logits
 from ..scheduling import FixedK, Scheduler, ScheduleState
 from .plain import check_prompts
@@ -31,7 +31,7 @@ __all__ = ["PATH_MODES", "speculative_generate", "ragged_rows"]
 
 @torch.no_grad()
 def speculative_generate(
-    target: Qwen3ForCausalLM,
+    target: DecoderForCausalLM,
     drafter: DFlashDrafter,
     prompts: list[list[int]],
     max_new_tokens: int = 128,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..data import special_token_ids
-from ..models.qwen3 import Qwen3ForCausalLM
+from ..models.decoder import DecoderForCausalLM
 from .stats import Clock
 
 
@@ -52,7 +52,7 @@ def check_prompts(prompts: list[list[int]], max_new_tokens: int, limit: int, voc
 
 @torch.no_grad()
 def generate(
-    model: Qwen3ForCausalLM,
+    model: DecoderForCausalLM,
     prompts: list[list[int]],
     max_new_tokens: int = 128,
     temperature: float = 0.0,

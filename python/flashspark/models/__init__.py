@@ -1,16 +1,17 @@
-"""Target model (Qwen3-style decoder) and checkpoint I/O."""
+"""Target model (a Llama-family decoder: Qwen3, Llama, Qwen2) and checkpoint I/O."""
 
-from .config import Qwen3Config
-from .io import SHIPPED_TARGET, hf_parameter_names, load_model, save_model
-from .qwen3 import KVCache, ModelOutput, Qwen3ForCausalLM
+from .config import DecoderConfig
+from .decoder import DecoderForCausalLM, KVCache, ModelOutput
+from .io import SHIPPED_TARGET, hf_parameter_names, load_model, load_tokenizer, save_model
 
 __all__ = [
     "SHIPPED_TARGET",
-    "Qwen3Config",
-    "Qwen3ForCausalLM",
+    "DecoderConfig",
+    "DecoderForCausalLM",
     "KVCache",
     "ModelOutput",
     "hf_parameter_names",
     "load_model",
+    "load_tokenizer",
     "save_model",
 ]

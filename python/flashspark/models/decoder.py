@@ -1,7 +1,9 @@
-"""Qwen3-style decoder with a static, preallocated KV cache.
+"""The target: a Llama-family decoder (Qwen3, Llama, Qwen2) with a static, preallocated KV cache.
 
-Parameter names follow Hugging Face `Qwen3ForCausalLM`, so a real Qwen3
-checkpoint loads unchanged (see `models.io`).
+The config's `model_type` picks the family's layer shape (q/k-norm, biases; `models.config`).
+Parameter names follow Hugging Face's `Qwen3ForCausalLM` / `LlamaForCausalLM` /
+`Qwen2ForCausalLM`, so their checkpoints load unchanged (see `models.io`), and so do
+GGUF files of these architectures (`models.gguf`).
 
 One `forward` covers every use in speculative decoding:
 
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..reference import rms_norm
-from .config import Qwen3Config
+from .config import DecoderConfig
 
 
 class ModelOutput(NamedTuple):
@@ -59,7 +61,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in fp32 like HF Qwen3, then scale in the input dtype.
+        # Normalize in fp32 like HF's Qwen3 and Llama, then scale in the input dtype.
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -79,18 +81,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:  # Llama and Qwen2: identities keep one forward for every family
+            self.q_norm = nn.Identity()
+            self.k_norm = nn.Identity()
 
     def forward(self, x, cos, sin, k_cache=None, v_cache=None, plan=None):
         B, S, _ = x.shape
@@ -123,22 +129,22 @@ class Qwen3Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, S, H * D))
 
 
-class Qwen3MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
-        self.self_attn = Qwen3Attention(cfg)
-        self.mlp = Qwen3MLP(cfg)
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -157,11 +163,11 @@ class _CachePlan(NamedTuple):
     mask: torch.Tensor  # [B, 1, G*S, kv_len] bool, True = attend
 
 
-class Qwen3Model(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -216,11 +222,11 @@ def init_gpt2_(module: nn.Module, num_layers: int, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
-class Qwen3ForCausalLM(nn.Module):
-    def __init__(self, config: Qwen3Config):
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, config: DecoderConfig):
         super().__init__()
         self.config = config
-        self.model = Qwen3Model(config)
+        self.model = Decoder(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

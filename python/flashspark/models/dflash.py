@@ -39,9 +39,9 @@ from torch import nn
 
 from .. import ops, reference
 from ..ops.sampling import PURPOSE_DRAFT, sample_logits
-from .config import Qwen3Config
+from .config import DecoderConfig
+from .decoder import Attention, DecoderForCausalLM, DecoderLayer, RMSNorm, apply_rope, init_gpt2_
 from .drafter import DraftBlock
-from .qwen3 import Qwen3Attention, Qwen3DecoderLayer, Qwen3ForCausalLM, RMSNorm, apply_rope, init_gpt2_
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -62,9 +62,10 @@ TARGET_ONLY_KEYS = ("tie_word_embeddings", "bos_token_id", "eos_token_id")
 
 
 @dataclass
-class DFlashConfig(Qwen3Config):
+class DFlashConfig(DecoderConfig):
     """A drafter's config: the Qwen3 layer shape it inherits (at the target's widths, with its
-    own number of layers) plus the block size γ, the target layers it reads, and the mask token."""
+    own number of layers) plus the block size γ, the target layers it reads, and the mask token.
+    Its layers are Qwen3 layers whatever the target's family (DRAFTER_SHARED_FIELDS says why)."""
 
     num_hidden_layers: int = 2
     block_size: int = 8  # gamma
@@ -72,6 +73,11 @@ class DFlashConfig(Qwen3Config):
     mask_token_id: int = 1
     architectures: list[str] = field(default_factory=lambda: ["DFlashDraftModel"])
     model_type: str = "dflash"
+
+    def check_family(self) -> None:
+        # model_type names the drafter (from_file checks it); the layers are layer_config()'s.
+        if self.attention_bias or self.mlp_bias:
+            raise ValueError("a drafter's Qwen3 layers have no biases (attention_bias and mlp_bias must be false)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -83,7 +89,7 @@ class DFlashConfig(Qwen3Config):
     @classmethod
     def for_target(
         cls,
-        target: Qwen3Config,
+        target: DecoderConfig,
         num_hidden_layers: int = 2,
         block_size: int = 8,
         mask_token_id: int = 1,
@@ -100,13 +106,13 @@ class DFlashConfig(Qwen3Config):
             **kw,
         )
 
-    def qwen3(self) -> Qwen3Config:
-        """The Qwen3 layer shape of the drafter's decoder layers."""
-        names = {f.name for f in dataclasses.fields(Qwen3Config)}
+    def layer_config(self) -> DecoderConfig:
+        """The shape of the drafter's decoder layers: Qwen3 layers at the drafter's widths."""
+        names = {f.name for f in dataclasses.fields(DecoderConfig)}
         d = {
             k: v for k, v in dataclasses.asdict(self).items() if k in names and k not in ("architectures", "model_type")
         }
-        return Qwen3Config(**d)
+        return DecoderConfig(**d, model_type="qwen3")
 
     def save(self, path: str | Path) -> None:
         # A drafter shares the target's embedding and head: the target-only keys are not its own.
@@ -139,7 +145,7 @@ class DFlashCache(NamedTuple):
     v: torch.Tensor
 
 
-class DFlashAttention(Qwen3Attention):
+class DFlashAttention(Attention):
     """Qwen3 attention weights; queries from the block only, keys/values from
     the injected context and the block."""
 
@@ -156,18 +162,18 @@ class DFlashAttention(Qwen3Attention):
         return self.k_proj(h).view(shape), self.v_proj(h).view(shape)
 
 
-class DFlashDecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, cfg: Qwen3Config):
+class DFlashDecoderLayer(DecoderLayer):
+    def __init__(self, cfg: DecoderConfig):
         super().__init__(cfg)
         self.self_attn = DFlashAttention(cfg)
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, config: DFlashConfig, target: Qwen3ForCausalLM | None = None, use_ops: bool = True):
+    def __init__(self, config: DFlashConfig, target: DecoderForCausalLM | None = None, use_ops: bool = True):
         super().__init__()
         self.config = config
         D, n = config.hidden_size, len(config.target_layer_ids)
-        qcfg = config.qwen3()
+        qcfg = config.layer_config()
         self.fc = nn.Linear(n * D, D, bias=False)
         self.hidden_norm = RMSNorm(D, config.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashDecoderLayer(qcfg) for _ in range(config.num_hidden_layers)])
@@ -192,7 +198,7 @@ class DFlashDrafter(nn.Module):
     def block_size(self) -> int:
         return self.config.block_size
 
-    def attach(self, target: Qwen3ForCausalLM) -> "DFlashDrafter":
+    def attach(self, target: DecoderForCausalLM) -> "DFlashDrafter":
         """Share the target's (frozen) embedding and LM head."""
         c, t = self.config, target.config
         if (t.hidden_size, t.vocab_size) != (c.hidden_size, c.vocab_size) or max(
@@ -418,7 +424,9 @@ def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = t
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
-def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config_cls, dtype=None, use_ops: bool = True):
+def load_drafter(
+    path: str | Path, target: DecoderForCausalLM, drafter_cls, config_cls, dtype=None, use_ops: bool = True
+):
     """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory,
     attached to `target` (dtype and device follow the target by default)."""
     path = Path(path)
@@ -445,7 +453,7 @@ def load_drafter(path: str | Path, target: Qwen3ForCausalLM, drafter_cls, config
 
 
 def load_dflash(
-    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+    path: str | Path, target: DecoderForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
 ) -> DFlashDrafter:
     """DFlash drafter from a directory, attached to `target`."""
     return load_drafter(path, target, DFlashDrafter, DFlashConfig, dtype, use_ops)

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
+from .decoder import MLP, DecoderForCausalLM, RMSNorm
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .drafter import DraftBlock
-from .qwen3 import Qwen3ForCausalLM, Qwen3MLP, RMSNorm
 
 PATH_MODES = ("auto", "backtrack", "greedy", "sample")  # auto: backtrack at temperature 0, else sample
 CONV_GROUP = reference.CONV_GROUP  # channels sharing one dynamic tap (fixed by the op)
@@ -134,7 +134,7 @@ class FinishedLinear(nn.Linear):
         return self.conv(super().forward(x), residual)
 
 
-class FinishedMLP(Qwen3MLP):
+class FinishedMLP(MLP):
     """SwiGLU MLP followed by the "finish" conv on its output."""
 
     def __init__(self, cfg, block_size: int):
@@ -206,9 +206,9 @@ def path_signals(scores: torch.Tensor, choice: torch.Tensor, unary: torch.Tensor
 class DFlash2Drafter(DFlashDrafter):
     """DFlash backbone with two-tap convs in every layer, and a path selector head."""
 
-    def __init__(self, config: DFlash2Config, target: Qwen3ForCausalLM | None = None, use_ops: bool = True):
+    def __init__(self, config: DFlash2Config, target: DecoderForCausalLM | None = None, use_ops: bool = True):
         super().__init__(config, target, use_ops=use_ops)
-        qcfg, g, D = config.qwen3(), config.block_size, config.hidden_size
+        qcfg, g, D = config.layer_config(), config.block_size, config.hidden_size
         for layer in self.layers:
             layer.input_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
             layer.post_attention_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
@@ -367,6 +367,6 @@ def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype =
 
 
 def load_dflash2(
-    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+    path: str | Path, target: DecoderForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
 ) -> DFlash2Drafter:
     return load_drafter(path, target, DFlash2Drafter, DFlash2Config, dtype, use_ops)

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
+from .decoder import DecoderForCausalLM
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .drafter import DraftBlock
-from .qwen3 import Qwen3ForCausalLM
 
 CALIBRATION_NAME = "calibration.json"
 
@@ -42,7 +42,7 @@ class DSparkConfig(DFlashConfig):
 
 
 class DSparkDrafter(DFlashDrafter):
-    def __init__(self, config: DSparkConfig, target: Qwen3ForCausalLM | None = None, use_ops: bool = True):
+    def __init__(self, config: DSparkConfig, target: DecoderForCausalLM | None = None, use_ops: bool = True):
         super().__init__(config, target, use_ops=use_ops)
         D, V, r = config.hidden_size, config.vocab_size, config.markov_rank
         self.markov_w1 = nn.Embedding(V, r)
@@ -200,7 +200,7 @@ def save_dspark(
 
 
 def load_dspark(
-    path: str | Path, target: Qwen3ForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
+    path: str | Path, target: DecoderForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
 ) -> DSparkDrafter:
     """Drafter from a directory, attached to `target`, with its calibration if present."""
     drafter = load_drafter(path, target, DSparkDrafter, DSparkConfig, dtype, use_ops)

@@ -1,6 +1,6 @@
-"""Load and save Qwen3 checkpoints as Hugging Face style directories:
-`config.json` plus `model.safetensors` (or shards listed in
-`model.safetensors.index.json`)."""
+"""Load and save targets: Hugging Face style directories (`config.json` plus
+`model.safetensors`, or shards listed in `model.safetensors.index.json`) and
+GGUF files (`models.gguf`)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,29 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
-from .config import Qwen3Config
-from .qwen3 import Qwen3ForCausalLM
+from .. import data
+from .config import DecoderConfig
+from .decoder import DecoderForCausalLM
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def hf_parameter_names(config: Qwen3Config) -> list[str]:
-    """The tensor names a Hugging Face Qwen3ForCausalLM checkpoint holds."""
+def hf_parameter_names(config: DecoderConfig) -> list[str]:
+    """The tensor names a Hugging Face checkpoint of this family and shape holds."""
     names = ["model.embed_tokens.weight"]
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        names += [p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")]
+        for proj, bias in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias)):
+            names += [p + f"self_attn.{proj}.weight"] + ([p + f"self_attn.{proj}.bias"] if bias else [])
+        names += [p + "self_attn.o_proj.weight"] + ([p + "self_attn.o_proj.bias"] if config.o_bias else [])
+        if config.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        names += [p + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")]
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names += [p + f"mlp.{proj}.weight"] + ([p + f"mlp.{proj}.bias"] if config.mlp_bias else [])
     names.append("model.norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -66,35 +73,53 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 SHIPPED_TARGET = Path(__file__).resolve().parent.parent / "assets" / "target"
 
 
+def is_gguf(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".gguf"
+
+
 def load_model(
     path: str | Path | None = None, dtype: torch.dtype | None = None, device: str | torch.device | None = None
-) -> Qwen3ForCausalLM:
-    """Build a Qwen3ForCausalLM from a checkpoint directory (default: the
-    shipped target). `dtype` defaults to the config's `torch_dtype`.
+) -> DecoderForCausalLM:
+    """Build the target from a checkpoint directory or a `.gguf` file (default: the shipped
+    target). `dtype` defaults to the config's `torch_dtype` (float32 for a GGUF, whose
+    dequantized weights fp32 holds exactly).
 
-    Raises FileNotFoundError for a missing directory/config/weights and
-    ValueError for missing tensors or shapes that disagree with the config.
-    Extra tensors (e.g. a redundant `lm_head.weight` in a tied checkpoint)
-    are ignored.
+    Raises FileNotFoundError for a missing directory/file/config/weights and ValueError for
+    an unsupported architecture or feature, missing tensors, or shapes that disagree with the
+    config. Extra tensors (e.g. a redundant `lm_head.weight` in a tied checkpoint) are ignored.
     """
     path = Path(path) if path is not None else SHIPPED_TARGET
+    if is_gguf(path):
+        from . import gguf  # GGUF files only: the gguf package is an optional, 0.2 s import
+
+        config, tensors = gguf.read_gguf(path)
+        return build_model(config, tensors, path, dtype or torch.float32, device)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} not found")
-    config = Qwen3Config.from_file(path)
-    tensors = load_state_dict(path)
+    config = DecoderConfig.from_file(path)
+    return build_model(config, load_state_dict(path), path, dtype or config.dtype, device)
+
+
+def build_model(
+    config: DecoderConfig,
+    tensors: dict[str, torch.Tensor],
+    source: Path,
+    dtype: torch.dtype,
+    device: str | torch.device | None = None,
+) -> DecoderForCausalLM:
+    """The model of `config` holding `tensors` (Hugging Face names), checked against the config."""
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = DecoderForCausalLM(config)
     expected = hf_parameter_names(config)
     missing = [n for n in expected if n not in tensors]
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise ValueError(f"checkpoint {path} is missing tensors: {', '.join(missing[:5])}{more}")
+        raise ValueError(f"checkpoint {source} is missing tensors: {', '.join(missing[:5])}{more}")
     params = dict(model.named_parameters())
     for name in expected:
         want, got = tuple(params[name].shape), tuple(tensors[name].shape)
         if want != got:
-            raise ValueError(f"tensor {name} has shape {got} but config.json implies {want}")
-    dtype = dtype or config.dtype
+            raise ValueError(f"tensor {name} has shape {got} but the config of {source} implies {want}")
     state = {n: tensors[n].to(dtype) for n in expected}
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
@@ -103,13 +128,23 @@ def load_model(
     return model.to(device) if device is not None else model
 
 
-def save_model(model: Qwen3ForCausalLM, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write config.json and model.safetensors with HF Qwen3 tensor names."""
+def save_model(model: DecoderForCausalLM, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write config.json and model.safetensors with the family's HF tensor names."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     names = hf_parameter_names(model.config)
     params = dict(model.named_parameters(remove_duplicate=False))
     state = {n: params[n].detach().to("cpu", dtype).contiguous() for n in names}
-    config = Qwen3Config.from_dict({**model.config.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
+    config = DecoderConfig.from_dict({**model.config.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
     config.save(path / "config.json")
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """The tokenizer that goes with a model path: built from a GGUF's metadata, or a
+    directory's (or file's) tokenizer.json; default: the shipped tokenizer."""
+    if path is not None and is_gguf(path):
+        from . import gguf  # GGUF files only: the gguf package is an optional, 0.2 s import
+
+        return gguf.read_tokenizer(path).tokenizer
+    return data.load_tokenizer(path)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import data
-from ..models import Qwen3Config, Qwen3ForCausalLM, load_model, save_model
+from ..models import DecoderConfig, DecoderForCausalLM, load_model, save_model
 from .common import RunArgs, hardware_string, lr_at
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "target"
@@ -42,10 +42,10 @@ class TrainArgs(RunArgs):
     warmup_frac: float = 0.02
     weight_decay: float = 0.1
     eval_windows: int = 64
-    # The widths the CLI exposes; the rest of the architecture is Qwen3Config's default.
-    num_hidden_layers: int = Qwen3Config.num_hidden_layers
-    hidden_size: int = Qwen3Config.hidden_size
-    intermediate_size: int = Qwen3Config.intermediate_size
+    # The widths the CLI exposes; the rest of the architecture is DecoderConfig's default (Qwen3).
+    num_hidden_layers: int = DecoderConfig.num_hidden_layers
+    hidden_size: int = DecoderConfig.hidden_size
+    intermediate_size: int = DecoderConfig.intermediate_size
 
 
 def get_tokenizer(path: Path):
@@ -77,7 +77,7 @@ def heldout_windows(ids: np.ndarray, seq_len: int, limit: int | None = None) -> 
 
 @torch.no_grad()
 def evaluate(
-    model: Qwen3ForCausalLM, windows: torch.Tensor, byte_lens: np.ndarray, bf16: bool = False, batch_size: int = 16
+    model: DecoderForCausalLM, windows: torch.Tensor, byte_lens: np.ndarray, bf16: bool = False, batch_size: int = 16
 ) -> dict:
     """Mean per-token loss (nats), perplexity and bits per byte."""
     was_training = model.training
@@ -143,7 +143,7 @@ def train(a: TrainArgs) -> dict:
     byte_lens = data.token_byte_lengths(tok)
     print(f"tokens: train {len(train_ids):,}  heldout {len(heldout_ids):,}", flush=True)
 
-    config = Qwen3Config(
+    config = DecoderConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=a.hidden_size,
         intermediate_size=a.intermediate_size,
@@ -153,7 +153,7 @@ def train(a: TrainArgs) -> dict:
         eos_token_id=special["eot"],
     )
     torch.manual_seed(a.seed)
-    model = Qwen3ForCausalLM(config)
+    model = DecoderForCausalLM(config)
     model.init_weights(a.seed)
     # No weight decay on norms (1-D); the tied embedding is decayed.
     decay = [p for p in model.parameters() if p.dim() >= 2]
