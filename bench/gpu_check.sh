@@ -6,7 +6,8 @@
 # step statuses and benchmark tables; build.log; pytest_cuda.log;
 # sanitizer_bad_input.log; sanitizer_<tool>_<suite>.log for the CUDA-vs-CPU
 # comparison drivers of tests/cuda_on_cpu built with nvcc; kernel_bench_cuda.txt;
-# verify_bench_cuda.json; drafter_ops_bench_cuda.json).
+# verify_roofline.{md,json}; verify_vs_flashinfer.json; verify_bench_cuda.json;
+# drafter_ops_bench_cuda.json).
 # Downloads nothing. Budget: under 8 minutes.
 #   bash bench/gpu_check.sh DIR
 set -uo pipefail
@@ -61,9 +62,15 @@ for suite in verify dflash dflash2 dspark; do
   done
 done
 
-log "raw CUDA verify kernel (µs, GB/s, fraction of 4.8 TB/s)"
+log "raw CUDA verify kernel: bytes, µs, the roofline µs of those bytes, GB/s, fraction of 4.8 TB/s"
+$PY bench/verify_roofline.py --out "$OUT_DIR/verify_roofline" > /dev/null 2>&1
 timeout 90 ./build/cmake/flashspark_bench_cuda > "$OUT_DIR/kernel_bench_cuda.txt" 2>&1
 log "flashspark_bench_cuda exit $?"
+cat "$OUT_DIR/kernel_bench_cuda.txt" >> "$SUMMARY"
+
+log "verify vs softmax + FlashInfer's chain_speculative_sampling (where flashinfer is importable)"
+timeout 60 $PY bench/verify_vs_flashinfer.py --quick --out "$OUT_DIR/verify_vs_flashinfer.json" 2>&1 | tee -a "$SUMMARY"
+log "verify_vs_flashinfer exit ${PIPESTATUS[0]}"
 
 log "verify through torch, op vs reference"
 timeout 150 $PY bench/verify_bench.py --device cuda --quick --out "$OUT_DIR/verify_bench_cuda.json" 2>&1 \

@@ -6,8 +6,8 @@ writes JSON.
     # A = a checkout of the old commit, built with `python setup.py build_ext --inplace`
     python bench/ops_ab.py --builds OLD_CHECKOUT/python python --labels OLD_COMMIT NEW_COMMIT --rounds 3
 
-The calls: verify (dense q at T = 1 and greedy, V = 4096 and 151936), markov_step and
-topk_select at a drafter's sizes; one thread, fp32.
+The calls: verify (dense q, one-hot drafts and probabilities at T = 1, greedy; V = 4096 to
+151936, fp32 and bf16), markov_step and topk_select at a drafter's sizes; one thread.
 """
 
 from __future__ import annotations
@@ -42,19 +42,33 @@ def measure() -> dict:
 
     torch.set_num_threads(1)
     out = {}
-    for batch, gamma, vocab, greedy in [
-        (1, 7, 4096, False),
-        (1, 8, 151936, False),
-        (32, 7, 4096, False),
-        (8, 7, 4096, True),
-        (1, 8, 151936, True),
+    # (B, gamma, V, dtype, mode): the dense q at T = 1 of verify_bench, one-hot (deterministic)
+    # drafts, greedy, and the probabilities mode
+    for batch, gamma, vocab, dtype, mode in [
+        (1, 7, 4096, torch.float32, "dense"),
+        (1, 8, 151936, torch.float32, "dense"),
+        (1, 8, 151936, torch.bfloat16, "dense"),
+        (1, 8, 151936, torch.float32, "onehot"),
+        (1, 8, 151936, torch.bfloat16, "onehot"),
+        (1, 8, 151936, torch.float32, "probs"),
+        (32, 7, 4096, torch.float32, "dense"),
+        (32, 8, 32000, torch.bfloat16, "onehot"),
+        (8, 7, 4096, torch.float32, "greedy"),
+        (1, 8, 151936, torch.float32, "greedy"),
     ]:
-        logits, tokens, cu, kw = make_batch(batch, gamma, vocab, torch.float32, "cpu")
-        if greedy:
-            kw = {**kw, "temperature": torch.zeros(batch)}
+        logits, tokens, cu, kw = make_batch(batch, gamma, vocab, dtype, "cpu")
+        if mode in ("greedy", "onehot"):
             kw.pop("draft_probs")
-        name = f"verify B={batch} gamma={gamma} V={vocab} {'greedy' if greedy else 'dense q, T=1'}"
-        out[name] = median_us(lambda: flashspark.verify(logits, tokens, cu, **kw))
+        if mode == "greedy":
+            kw["temperature"] = torch.zeros(batch)
+        if mode == "probs":
+            logits = torch.softmax(logits.float(), dim=-1)
+            kw["target_is_probs"] = True
+        name = f"verify B={batch} gamma={gamma} V={vocab} {str(dtype)[6:]} {mode}"
+        try:
+            out[name] = median_us(lambda: flashspark.verify(logits, tokens, cu, **kw))
+        except (TypeError, RuntimeError):  # a build older than the call (e.g. no probabilities mode)
+            out[name] = None
     g = torch.Generator().manual_seed(0)
     vocab, rank, hidden = 4096, 256, 256
     for batch in (1, 16):
@@ -94,12 +108,18 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds}: build {label} done", file=sys.stderr)
     rows = []
     for name in runs["A"][0]:
+        if any(run.get(name) is None for run in runs["A"] + runs["B"]):
+            rows.append({"call": name, "A_us": None, "B_us": None, "B_over_A": None})  # a build lacks it
+            continue
         a = sorted(run[name] for run in runs["A"])[len(runs["A"]) // 2]
         b = sorted(run[name] for run in runs["B"])[len(runs["B"]) // 2]
         rows.append({"call": name, "A_us": a, "B_us": b, "B_over_A": b / a})
-    print(f"{'call':44s} {'A (us)':>10s} {'B (us)':>10s} {'B / A':>7s}")
+    print(f"{'call':48s} {'A (us)':>10s} {'B (us)':>10s} {'B / A':>7s}")
     for row in rows:
-        print(f"{row['call']:44s} {row['A_us']:10.1f} {row['B_us']:10.1f} {row['B_over_A']:7.3f}")
+        if row["A_us"] is None:
+            print(f"{row['call']:48s} {'(not in both builds)':>29s}")
+            continue
+        print(f"{row['call']:48s} {row['A_us']:10.1f} {row['B_us']:10.1f} {row['B_over_A']:7.3f}")
     with open(args.out, "w") as f:
         json.dump(
             {"builds": dict(zip("AB", args.labels)), "rounds": args.rounds, "threads": 1, "rows": rows, "runs": runs},

@@ -3,7 +3,8 @@
 For each (B, gamma, V, dtype) it builds one ragged batch whose drafts come from a
 q close to the target p (acceptance is mixed, as in real decoding), then times
 the op and the reference on the same inputs in the same run, and reports median
-times and their ratio. Prints a table and writes JSON.
+times and their ratio, with the bytes the kernel reads, its bandwidth and (on CUDA) the
+fraction of the HBM peak (--peak-gbs). Prints a table and writes JSON.
 
 Modes (--modes): `logits` (the target's logits, softmax fused), `probs` (the
 target's probabilities, target_is_probs: what FlashInfer's and SGLang's samplers
@@ -24,6 +25,7 @@ import flashspark
 import torch
 from flashspark.reference import verify_reference
 from timing import median_time, write_result
+from verify_roofline import verify_bytes
 
 
 def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
@@ -46,6 +48,26 @@ def make_batch(batch, gamma, vocab, dtype, device, seed=0, closeness=0.8):
     return logits.to(dtype).to(device), tokens.to(device), cu.to(device), kw
 
 
+def read_bytes(device, mode, logits, acc, gamma, kw) -> float:
+    """Bytes the kernel reads for this call: on CUDA every row once, then each sampled request's
+    stop row (verify_roofline.verify_bytes; probabilities sampled: the stop rows alone); on the
+    CPU the rows each walk reaches (none on probabilities), then the stop row. A log-probs call also reads and writes
+    the probabilities once more for the log."""
+    batch, vocab, elem = acc.numel(), logits.shape[1], logits.element_size()
+    sampled = int((kw["temperature"] >= 1e-5).sum())
+    if device.type == "cuda":
+        b = verify_bytes(batch, gamma, vocab, elem, races=sampled)
+        moved = b["phase2"] if mode == "probs" else b["total"]
+    else:
+        walked = 0 if mode == "probs" else float(acc.sum()) + batch  # probabilities: p(draft) alone
+        moved = (walked + sampled) * vocab * elem
+    if mode == "log-probs":
+        moved += 2 * logits.numel() * 4
+    if "draft_probs" in kw:  # a dense q row per race
+        moved += sampled * vocab * kw["draft_probs"].element_size()
+    return moved
+
+
 # How each mode calls the op on a batch built from logits (probabilities: their softmax at T = 1).
 MODES = {
     "logits": lambda logits, probs, tokens, cu, kw: flashspark.verify(logits, tokens, cu, **kw),
@@ -66,6 +88,7 @@ def main(argv=None):
         default=None,
         help="torch CPU threads (default: torch's); 1 gives stable timings on a loaded machine",
     )
+    ap.add_argument("--peak-gbs", type=float, default=4800.0, help="HBM bandwidth for the fraction (H200)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), help="target input modes")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/verify_bench_<device>.json)")
     args = ap.parse_args(argv)
@@ -91,7 +114,8 @@ def main(argv=None):
 
     rows = []
     header = (
-        f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} {'mode':>9} | {'op ms':>9} {'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
+        f"{'B':>3} {'γ':>3} {'V':>7} {'dtype':>9} {'mode':>9} | {'op ms':>9} {'MB':>7} {'GB/s':>7} {'peak':>6} | "
+        f"{'ref ms':>9} {'ref/op':>7} | {'τ':>5}"
     )
     print(f"flashspark.verify vs reference on {device} ({torch.get_num_threads()} threads), median of runs")
     print(header)
@@ -111,6 +135,9 @@ def main(argv=None):
                 lambda: verify_reference(ref_in, tokens, cu, target_is_probs=on_probs, **kw), args.ref_repeats, device
             )
             tau = float(acc.float().mean()) + 1.0
+            moved = read_bytes(device, mode, logits, acc, gamma, kw)
+            gbs = moved / t_op * 1e-9
+            peak = f"{100 * gbs / args.peak_gbs:>5.1f}%" if device.type == "cuda" else f"{'-':>6}"
             rows.append(
                 dict(
                     batch=batch,
@@ -119,6 +146,9 @@ def main(argv=None):
                     dtype=str(dtype).replace("torch.", ""),
                     mode=mode,
                     op_ms=t_op * 1e3,
+                    bytes=moved,
+                    gbs=gbs,
+                    peak_fraction=gbs / args.peak_gbs if device.type == "cuda" else None,
                     ref_ms=t_ref * 1e3,
                     speedup=t_ref / t_op,
                     tau=tau,
@@ -127,7 +157,7 @@ def main(argv=None):
             )
             print(
                 f"{batch:>3} {gamma:>3} {vocab:>7} {rows[-1]['dtype']:>9} {mode:>9} | {t_op * 1e3:>9.3f} "
-                f"{t_ref * 1e3:>9.2f} {t_ref / t_op:>6.1f}x | {tau:>5.2f}"
+                f"{moved / 1e6:>7.2f} {gbs:>7.1f} {peak} | {t_ref * 1e3:>9.2f} {t_ref / t_op:>6.1f}x | {tau:>5.2f}"
                 + ("  (outputs differ!)" if agree is False else "")
             )
 

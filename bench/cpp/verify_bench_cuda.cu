@@ -50,6 +50,7 @@ static void run(int32_t batch, int32_t gamma, int32_t vocab, bool greedy, int re
   p.vocab = vocab;
   p.max_spec_len = gamma;
   const int32_t num_tokens = batch * gamma;
+  CHECK_CUDA(cudaMalloc(&p.workspace, size_t(verify_workspace_bytes(batch, gamma, vocab))));
   CHECK_CUDA(cuda::launch_verify<T>(p, num_tokens, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaEvent_t start, stop;
@@ -68,12 +69,14 @@ static void run(int32_t batch, int32_t gamma, int32_t vocab, bool greedy, int re
   std::sort(us.begin(), us.end());
   const double med = us[us.size() / 2];
   CHECK_CUDA(cudaMemcpy(acc.data(), p.out_num_accepted, acc.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-  const double gbs = bench::verify_min_bytes(acc, vocab, sizeof(T)) / med * 1e-3;
-  std::printf("%4d %3d %7d %5s %7s | %9.1f us %8.1f GB/s %5.1f%% of peak\n", batch, gamma, vocab,
-              sizeof(T) == 4 ? "fp32" : "bf16", greedy ? "greedy" : "sample", med, gbs, 100.0 * gbs / peak_gbs);
-  for (const void* ptr :
-       {(const void*)p.logits, (const void*)p.draft_tokens, (const void*)p.cu_num_draft, (const void*)p.temperature,
-        (const void*)p.seeds, (const void*)p.offsets, (const void*)p.out_tokens, (const void*)p.out_num_accepted})
+  const double bytes = bench::verify_bytes(batch, gamma, vocab, sizeof(T), greedy ? 0 : batch);
+  const double gbs = bytes / med * 1e-3;
+  std::printf("%4d %3d %7d %5s %7s | %8.2f MB %9.1f us %9.2f us | %8.1f GB/s %5.1f%% of peak\n", batch, gamma, vocab,
+              sizeof(T) == 4 ? "fp32" : "bf16", greedy ? "greedy" : "sample", bytes * 1e-6, med,
+              bytes / (peak_gbs * 1e3), gbs, 100.0 * gbs / peak_gbs);
+  for (const void* ptr : {(const void*)p.logits, (const void*)p.draft_tokens, (const void*)p.cu_num_draft,
+                          (const void*)p.temperature, (const void*)p.seeds, (const void*)p.offsets,
+                          (const void*)p.out_tokens, (const void*)p.out_num_accepted, (const void*)p.workspace})
     CHECK_CUDA(cudaFree(const_cast<void*>(ptr)));
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
@@ -92,11 +95,13 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
-  std::printf("flashspark verify, CUDA kernel on %s (median of runs; GB/s over the rows a call must read)\n",
-              prop.name);
-  std::printf("   B   g       V dtype    mode |      time       bandwidth\n");
+  std::printf(
+      "flashspark verify, CUDA kernel on %s (median of runs; bytes: every row once, then each sampled\n"
+      "request's stop row; roofline: those bytes at --peak-gbs %.0f)\n",
+      prop.name, peak_gbs);
+  std::printf("   B   g       V dtype    mode |    bytes      time   roofline |   bandwidth\n");
   const int repeats = quick ? 5 : 50;
-  for (int32_t vocab : {4096, 32000, 151936})
+  for (int32_t vocab : {32000, 128256, 151936})
     for (int32_t batch : {1, 8, 32, 64})
       for (bool greedy : {true, false}) {
         run<float>(batch, 8, vocab, greedy, repeats, peak_gbs);

@@ -56,10 +56,18 @@ std::vector<T> logits_as(const std::vector<float>& logits) {
   return out;
 }
 
-// Bytes a verify call must read at least: every row up to and including the
-// first rejected (or bonus) row, once.
-inline double verify_min_bytes(const std::vector<int32_t>& num_accepted, int32_t vocab, size_t elem_bytes) {
-  double rows = 0;
+// Bytes the CUDA kernel reads (bench/verify_roofline.py has the same model): every row of
+// the batch once (phase 1), then each racing request's stop row again (phase 2; greedy
+// requests race nothing).
+inline double verify_bytes(int32_t batch, int32_t gamma, int32_t vocab, size_t elem_bytes, int32_t races) {
+  return (double(batch) * (gamma + 1) + races) * vocab * double(elem_bytes);
+}
+
+// Bytes the CPU kernel reads: the rows each walk reaches (up to its stop row), then each racing
+// request's stop row again.
+inline double verify_walked_bytes(const std::vector<int32_t>& num_accepted, int32_t vocab, size_t elem_bytes,
+                                  int32_t races) {
+  double rows = races;
   for (int32_t a : num_accepted) rows += a + 1;
   return rows * vocab * double(elem_bytes);
 }

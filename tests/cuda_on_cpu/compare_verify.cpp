@@ -28,6 +28,7 @@ struct Case {
   bool given_bonus = false;    // the caller's bonus tokens: logits hold the draft rows alone
   bool probs = false;          // the rows hold probabilities (softmax of random logits, some zeros)
   bool q_bf16 = false;         // draft q stored as bf16
+  int64_t max_grid_y = 65535;  // CUDA: fewer blocks along the batch, so blocks loop over slots
 };
 
 template <class T>
@@ -44,6 +45,14 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
   const int64_t stride = V + c.row_pad;
   const int32_t bonus_rows = c.given_bonus ? 0 : B;
   std::vector<T> logits = coc_test::random_values<T>(size_t(T_ + bonus_rows) * stride, rng, 2.f);
+  // Rows of several CUDA chunks: now and then a row's maximum sits on a chunk's last entry (a
+  // tile short of its chunk misses it), and the last chunks carry most of the mass (a stop row's
+  // chunk left out of the race's merge would rarely go unseen).
+  for (int32_t r = 0; r < T_ + bonus_rows && V > 4096; ++r) {
+    T* row = logits.data() + r * stride;
+    if (rng() % 2) row[4095] = from_float<T>(9.f);
+    for (int32_t v = std::max(0, V - 4096); v < V; ++v) row[v] = from_float<T>(coc_test::widen(row[v]) + 3.f);
+  }
   if (c.probs) {  // each row's softmax, with a zero now and then (no mass: never emitted)
     for (int32_t r = 0; r < T_ + bonus_rows; ++r) {
       T* row = logits.data() + r * stride;
@@ -166,9 +175,11 @@ void run_case(const Case& c, uint64_t seed, bool with_bad_request) {
                        " " + coc_test::order_name(sched.order) + std::to_string(sched.seed);
     DeviceArray<int32_t> d_out{out_cpu.size()}, d_acc{size_t(B)}, d_st{size_t(B)};
     const void* dev_q = c.q_bf16 ? static_cast<const void*>(d_q16.ptr) : d_q.ptr;
-    const VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, dev_q, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
-                                     d_offsets.ptr, d_bonus.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
-    coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_verify<T>(p, T_, nullptr); });
+    DeviceArray<unsigned char> d_ws{size_t(verify_workspace_bytes(B, max_spec, V))};
+    VerifyParams<T> p = params(d_logits.ptr, d_drafts.ptr, d_cu.ptr, dev_q, d_ids.ptr, d_temp.ptr, d_seeds.ptr,
+                               d_offsets.ptr, d_bonus.ptr, d_out.ptr, d_acc.ptr, d_st.ptr);
+    p.workspace = d_ws.ptr;
+    coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_verify<T>(p, T_, nullptr, c.max_grid_y); });
     coc_test::expect_equal(d_out.host(), out_cpu, "out_tokens");
     coc_test::expect_equal(d_acc.host(), acc_cpu, "num_accepted");
     coc_test::expect_equal(d_st.host(), st_cpu, "status");
@@ -198,6 +209,15 @@ void run_all() {
       {129, {4, 1, 0, 3}, {1.f, 0.f}, DraftQ::kDense, 0, 1, false, true, true},
       {1031, {2, 5, 1, 0}, {1.f, 1.f, 0.f}, DraftQ::kSparse, 4, 0, true, true, true},
       {77, {3, 2, 0}, mixed, DraftQ::kDense, 0, 0, false, false, true},
+      // rows of several CUDA chunks (kVerifyChunk = 4096): the partials merged across lanes
+      {9001, {3, 0, 5, 1}, mixed, DraftQ::kDense, 0, 2},
+      {8193, {2, 4, 1}, mixed, DraftQ::kSparse, 3, 0, true},
+      {12289, {2, 1, 0}, {0.f, 1.f}, DraftQ::kOneHot, 0, 1, false, true},
+      {135169, {1, 2}, {1.f, 0.f}, DraftQ::kOneHot},  // 34 chunks: more than a warp's lanes
+      {135169, {2, 0, 1}, {1.f, 0.7f, 1.f}, DraftQ::kDense, 0, 0, false, false, true},
+      // blocks that loop over several rows (tiles) and requests (races)
+      {4099, {3, 1, 4, 0, 2}, mixed, DraftQ::kOneHot, 0, 0, false, false, false, 3},
+      {9001, {2, 3, 1}, {1.f}, DraftQ::kSparse, 2, 1, false, false, false, 2},
   };
   uint64_t seed = 11;
   for (const Case& c : cases) {

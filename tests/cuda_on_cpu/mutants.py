@@ -32,12 +32,6 @@ MUTANTS = {
         "  for (int32_t tile = j0; tile < j1; tile += kAttnTile) {\n",
         "dflash",
     ),
-    "verify-broadcast-barrier": (
-        "include/flashspark/cuda/verify.cuh",
-        "    if (threadIdx.x == 0) slot = value;\n    __syncthreads();\n",
-        "    if (threadIdx.x == 0) slot = value;\n",
-        "verify",
-    ),
     "markov-staging-barrier": (
         "include/flashspark/cuda/dspark.cuh",
         "      __syncthreads();\n      if (v >= p.vocab) continue;\n",
@@ -62,16 +56,6 @@ MUTANTS = {
         "  if (idx >= p.rows * quads) return;\n",
         "  if (idx >= p.rows * quads - 1) return;\n",
         "dflash2",
-    ),
-    "verify-row-tail": (
-        "include/flashspark/cuda/verify.cuh",
-        "    for (int64_t base = 4 * int64_t(threadIdx.x); base < vocab; base += 4 * kThreads) {\n"
-        "      float v[4];\n      load4(row, base, vocab, vec_ok, v);\n#pragma unroll\n"
-        "      for (int j = 0; j < 4; ++j) softmax_add(st, v[j], inv_t);",
-        "    for (int64_t base = 4 * int64_t(threadIdx.x); base + 4 < vocab; base += 4 * kThreads) {\n"
-        "      float v[4];\n      load4(row, base, vocab, vec_ok, v);\n#pragma unroll\n"
-        "      for (int j = 0; j < 4; ++j) softmax_add(st, v[j], inv_t);",
-        "verify",
     ),
     "markov-normalize-bound": (
         "include/flashspark/cuda/dspark.cuh",
@@ -101,10 +85,51 @@ MUTANTS = {
         "dspark",
     ),
     # --- the probabilities mode read as logits by the CUDA greedy walk (a p outside [0, 1] unseen)
+    # --- verify's two phases: a tile short of its chunk, a lane's merge left out, a chunk of a
+    # stop row never merged, the prefill racing the walk's writes, a scratch reused unsynchronized,
+    # the probabilities' greedy walk reading them as logits, a tile taken from thread 1
+    "verify-tile-short": (
+        "include/flashspark/cuda/verify.cuh",
+        "  const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);\n"
+        "  const int64_t slots",
+        "  const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk - 4);\n"
+        "  const int64_t slots",
+        "verify",
+    ),
+    "verify-butterfly-short": (
+        "include/flashspark/cuda/verify.cuh",
+        "  for (int o = 16; o > 0; o >>= 1) x = merge(x, shfl_xor(x, o));",
+        "  for (int o = 16; o > 1; o >>= 1) x = merge(x, shfl_xor(x, o));",
+        "verify",
+    ),
+    "verify-finish-lane-stride": (
+        "include/flashspark/cuda/verify.cuh",
+        "  for (int32_t c = lane; c < chunks; c += 32) r = race_merge(",
+        "  for (int32_t c = lane; c < chunks; c += 64) r = race_merge(",
+        "verify",
+    ),
+    "verify-walk-prefill-unsynced": (
+        "include/flashspark/cuda/verify.cuh",
+        "  for (int32_t i = lane; i <= p.max_spec_len; i += 32) out[i] = -1;\n  __syncwarp();\n",
+        "  for (int32_t i = lane; i <= p.max_spec_len; i += 32) out[i] = -1;\n",
+        "verify",
+    ),
+    "verify-tiles-scratch-unsynced": (
+        "include/flashspark/cuda/verify.cuh",
+        "    __syncthreads();                                          // the scratch is reused next slot\n",
+        "",
+        "verify",
+    ),
     "verify-probs-greedy-as-logits": (
         "include/flashspark/cuda/verify.cuh",
-        "argmax_add(a, probs ? greedy_prob(v[j]) : greedy_logit(v[j]), int32_t(base + j));",
+        "argmax_add(a, p.target_probs ? greedy_prob(v[j]) : greedy_logit(v[j]), int32_t(base + j));",
         "argmax_add(a, greedy_logit(v[j]), int32_t(base + j));",
+        "verify",
+    ),
+    "verify-cub-thread1": (
+        "include/flashspark/cuda/verify.cuh",
+        "    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;",
+        "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
         "verify",
     ),
     # --- a CUB result read from a thread other than thread 0
@@ -113,12 +138,6 @@ MUTANTS = {
         "  if (threadIdx.x == 0) topk_write(",
         "  if (threadIdx.x == 1) topk_write(",
         "dflash2",
-    ),
-    "verify-cub-thread1": (
-        "include/flashspark/cuda/verify.cuh",
-        "    if (threadIdx.x == 0) slot = value;",
-        "    if (threadIdx.x == 1) slot = value;",
-        "verify",
     ),
     "markov-cub-thread1": (
         "include/flashspark/cuda/dspark.cuh",
@@ -220,10 +239,11 @@ def main() -> int:
             bad.append(name)
         rows.append((name, suite, verdict, f"{time.time() - t0:.0f} s  {detail[:150]}"))
         print(f"{name:28s} {suite:8s} {verdict:20s} {rows[-1][3]}", flush=True)
-    # the pristine sources again, so the build directory is left as it found them
-    run(["cmake", "--build", str(build), "-j", str(args.jobs), "--target", *[f"coc_{s}" for s in suites]])
-    if not args.build:
-        shutil.rmtree(work, ignore_errors=True)
+    # a caller's build directory is pointed back at the sources, as it was found (a copy of the
+    # kernels left in its cache would go stale); then the copy goes
+    if args.build:
+        run(["cmake", "-S", str(ROOT), "-B", str(build), f"-DCOC_KERNEL_DIR={ROOT / 'csrc'}"])
+    shutil.rmtree(work, ignore_errors=True)
     if bad:
         print(f"{len(bad)} mutant(s) not as expected: {', '.join(bad)}")
         return 1

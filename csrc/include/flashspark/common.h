@@ -138,6 +138,63 @@ struct AnyFloatPtr {
   }
 };
 
+// exp(x) for x <= 0 (the terms of a max-shifted softmax sum, the probabilities of a race), in
+// plain arithmetic so that CPU simd loops vectorize it (the C library's expf is a call) and every
+// backend computes the same value: n = round(x / ln 2) by the 1.5 * 2^23 shifter (the sum's low
+// bits hold n: no float <-> int conversion), Cody-Waite reduction by ln 2, the Cephes expf
+// polynomial, and 2^n added to the exponent bits; within 1 ulp of exp for x in [-87, 0]. Below
+// -87 it returns about 1.6e-38 instead of an underflowing value, which no sum that contains
+// exp(0) = 1 can notice. NaN stays NaN. The selects vectorize under -fno-trapping-math
+// (setup.py, CMakeLists.txt).
+FS_HOST_DEVICE float exp_nonpositive(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float shifter = 12582912.f;  // 1.5 * 2^23
+  const float t = xc * 1.44269504088896341f + shifter;
+  const float n = t - shifter;
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;  // in [0.7, 1.42]: 2^n times it stays normal for n >= -126
+  const float e = bits_to_float(float_to_bits(y) + ((float_to_bits(t) - float_to_bits(shifter)) << 23));
+  return x == x ? e : x;
+}
+
+// log(x) for a normal float x > 0, in the same branch-free style: x = m * 2^e with m in
+// [sqrt(1/2), sqrt(2)), then the Cephes logf polynomial in m - 1 (within 1 ulp of logf).
+FS_HOST_DEVICE float log_normal(float x) {
+  const uint32_t u = float_to_bits(x);
+  float e = float(int32_t(u >> 23) - 126);
+  float m = bits_to_float((u & 0x007FFFFFu) | 0x3F000000u);  // [0.5, 1)
+  const bool low = m < 0.707106781186547524f;
+  e = low ? e - 1.f : e;
+  m = low ? m + m - 1.f : m - 1.f;
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y += -2.12194440e-4f * e;
+  y += -0.5f * z;
+  return m + y + 0.693359375f * e;
+}
+
+// log(x) for any finite x > 0, subnormals scaled up by 2^23 first.
+FS_HOST_DEVICE float log_positive(float x) {
+  const bool subnormal = x < 1.17549435e-38f;
+  const float l = log_normal(subnormal ? x * 8388608.f : x);
+  return subnormal ? l - 15.9423851528787f : l;  // 23 ln 2
+}
+
 // Widen-and-narrow helpers used by kernels that write their output dtype.
 template <class T>
 FS_HOST_DEVICE T from_float(float x);

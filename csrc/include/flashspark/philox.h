@@ -79,8 +79,4 @@ FS_HOST_DEVICE float uniform_open01(uint32_t x) { return float(((x >> 9) << 1) |
 // normalizer.
 FS_HOST_DEVICE float gumbel_from_u32(uint32_t x) { return -logf(-logf(uniform_open01(x))); }
 
-// Exp(1) noise -log(u), the same draw's inner term (gumbel = -log of it): argmax_x r(x) / E_x
-// samples from norm(r) given r itself, so a race over probabilities takes no log of them.
-FS_HOST_DEVICE float exponential_from_u32(uint32_t x) { return -logf(uniform_open01(x)); }
-
 }  // namespace flashspark

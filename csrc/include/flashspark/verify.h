@@ -1,7 +1,8 @@
 // Ragged rejection-sampling verification: the math shared by the CPU and the
-// CUDA kernel. Both run the same per-request driver (`verify_request`); they
-// differ only in how a backend reduces one vocabulary row (parallel chunks on
-// the CPU, a CUB block reduction on the GPU).
+// CUDA kernel. Both decide a request with the same walk, race and finish (see the
+// driver below); they differ in how rows are reduced and scheduled (parallel
+// chunks of the rows the walk reaches on the CPU; every (row, chunk) tile of the
+// batch at once, then the stop rows' chunks, on the GPU).
 //
 // Layout (B requests, T = cu_num_draft[B] draft tokens, V vocabulary):
 //   logits        [T + B, V]  request b owns rows cu[b]+b ... cu[b+1]+b: one per
@@ -53,6 +54,8 @@ struct VerifyParams {
   // [B] bonus tokens sampled by the caller (vLLM samples its own), or null. With them the
   // logits hold no bonus rows: request b's rows are cu[b] ... cu[b+1] ([T, V] in all).
   const int32_t* bonus_tokens = nullptr;
+  // CUDA only: scratch of verify_workspace_bytes(batch, max_spec_len, vocab) bytes, 16-aligned.
+  void* workspace = nullptr;
   // The logits rows hold probabilities p instead (an engine that has them already): p(x) is
   // read as given, never renormalized, and temperature must be greedy or exactly 1.
   bool target_probs = false;
@@ -108,6 +111,13 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
 
 // ---- per-element math -------------------------------------------------------
 
+// verify's race noise: philox.h's Gumbel and Exp(1) draws, with the log in plain arithmetic
+// (log_normal: u and -log u are normal floats), so the CPU kernel computes it in simd loops and
+// both backends draw the same value (scalar libm logf, which the drafters' races use, does not
+// vectorize).
+FS_HOST_DEVICE float race_exponential(uint32_t bits) { return -log_normal(uniform_open01(bits)); }
+FS_HOST_DEVICE float race_gumbel(uint32_t bits) { return -log_normal(race_exponential(bits)); }
+
 // q restricted to a short candidate list (sparse q, or the one-hot draft as a
 // list of one): q(x) summed over every entry listing x (so duplicate ids are
 // exact), or -1 when x is not listed (q(x) = 0).
@@ -122,9 +132,14 @@ FS_HOST_DEVICE float listed_q(const int32_t* ids, AnyFloatPtr probs, int32_t k, 
 // lp = log p(x), q = q(x) and Gumbel noise g. -inf when x has no residual mass.
 FS_HOST_DEVICE float residual_key(float lp, float q, float g) {
   if (q <= 0.f) return lp + g;  // no draft mass: residual equals p, skip exp/log
-  const float r = expf(lp) - q;
-  return r > 0.f ? logf(r) + g : kNegInf;
+  const float r = exp_nonpositive(lp) - q;
+  return r > 0.f ? log_positive(r) + g : kNegInf;
 }
+
+// The same races on probabilities: key r / E for residual mass r = max(p - q, 0) (p where
+// q(x) = 0), given E = -log u; -inf (never emitted) without mass.
+FS_HOST_DEVICE float prob_residual(float px, float q) { return q > 0.f ? px - q : px; }
+FS_HOST_DEVICE float prob_key(float r, float e) { return r > 0.f ? r / e : kNegInf; }
 
 // Accept test of the draft token: u < p(x) / q(x), written without division so
 // that q(x) = 0 (never drafted; only reachable through bad input) accepts iff p > 0.
@@ -186,8 +201,12 @@ struct RaceQ {
     if (!prob_ok(qx)) r.bad |= kRaceBadQ;
     return qx;
   }
-  // q(x) of the listed modes: -1 when x is not listed (q(x) = 0).
-  FS_HOST_DEVICE float listed(int32_t x) const { return listed_q(ids, probs, k, x); }
+  // q(x) of the listed modes: -1 when x is not listed (q(x) = 0). A one-hot q lists the
+  // draft alone, with q = 1 (a placeholder lists nothing a vocabulary id can match).
+  FS_HOST_DEVICE float listed(int32_t x) const {
+    if (mode == DraftQ::kOneHot) return k > 0 && ids[0] == x ? 1.f : -1.f;
+    return listed_q(ids, probs, k, x);
+  }
 };
 
 // The row's softmax, as a race needs it: log p(x) = (x - m) * inv_t - log_s.
@@ -203,7 +222,7 @@ struct LogitRace {
   RowSoftmax sm;
   FS_HOST_DEVICE void operator()(RaceResult& r, int32_t x, float x_logit, uint32_t bits) const {
     const float qx = q.dense_q(r, x);
-    const float g = gumbel_from_u32(bits);
+    const float g = race_gumbel(bits);
     const float lp = sm.log_prob(x_logit);
     const float kp = lp + g;
     if (kp == kNegInf || !(kp == kp)) return;
@@ -233,142 +252,167 @@ struct ProbRace {
       return;
     }
     if (px == 0.f) return;  // no mass: never emitted
-    const float e = exponential_from_u32(bits);
-    const float kp = px / e;
+    const float e = race_exponential(bits);
+    const float kp = prob_key(px, e);
     if (argmax_better(kp, x, r.target)) r.target = ArgMax{kp, x};
     if (!argmax_better(kp, x, r.residual)) return;  // residual mass <= px: its key <= kp
-    float lq = qx;
-    if (q.mode != DraftQ::kDense) lq = q.listed(x);
-    const float res = lq > 0.f ? px - lq : px;
-    if (res > 0.f && argmax_better(res / e, x, r.residual)) r.residual = ArgMax{res / e, x};
+    const float kr = prob_key(prob_residual(px, q.mode == DraftQ::kDense ? qx : q.listed(x)), e);
+    if (kr != kNegInf && argmax_better(kr, x, r.residual)) r.residual = ArgMax{kr, x};
   }
 };
 
 // ---- the per-request driver -------------------------------------------------
 //
-// Backend interface (all members are collective: every participant calls them
-// and every participant receives the same result):
-//   ArgMax        row_argmax(const T* row, bool probs)  -- of greedy_logit(x), or greedy_prob(x)
-//   SoftmaxState  row_softmax(const T* row, float inv_t)
-//   RaceResult    row_race(const T* row, const Add& add, uint64_t seed, uint64_t position)
-//                 -- folds add(r, x, value of x, Philox draw for x) over the row
+// A request is decided in three steps that both backends share:
+//   verify_walk    the accept tests, row by row, up to the stop row: the first rejected draft,
+//                  or the bonus row. Greedy requests and the caller's bonus tokens end here.
+//   the race       on the stop row only (race_q / race_row): the one full-vocabulary pass with
+//                  Philox noise, ~20x the ALU work of a softmax pass, so it never runs per row.
+//   verify_finish  the emitted token from the race, and the request's outputs.
+// The CPU runs them back to back per request, computing a row's softmax only when the walk
+// reaches it (early exit saves work where threads are few); the CUDA kernel reduces every
+// row's (row, chunk) tiles in parallel first, then walks, then races the stop rows' chunks.
+//
+// Backend interface of the walk (collective: every participant calls it and receives the
+// same result), for request b's row k (pointer `row`):
+//   ArgMax        row_argmax(const T* row, int32_t k, bool probs)  -- of greedy_logit / greedy_prob
+//   SoftmaxState  row_softmax(const T* row, int32_t k, float inv_t)
 //   bool          leader()    -- true for the one participant that writes outputs
 
-// The race over one row: sampled from norm(max(p - q, 0)) (q.k == 0 and one-hot: from p).
+// Where a request's walk ended.
+struct VerifyWalk {
+  Status status;
+  int32_t k;        // drafts accepted (the stop row is row k of the request)
+  int32_t emitted;  // the token, when the walk decided it (greedy, the caller's bonus); else -1
+  int32_t race;     // 1: a race on row k decides the token (residual of draft k, or p at the bonus row)
+  RowSoftmax sm;    // row k's softmax (logits mode), for its race
+};
+
+// Row k of request b (k = n_b is its bonus row).
+template <class T>
+FS_HOST_DEVICE const T* verify_row(const VerifyParams<T>& p, int32_t b, int32_t k) {
+  const int64_t row0 = int64_t(p.cu_num_draft[b]) + (p.bonus_tokens ? 0 : b);  // given bonus: no bonus rows
+  return p.logits + (row0 + k) * p.logits_row_stride;
+}
+
+// What the race at row k of request b subtracts from p: the draft's q, or nothing at the bonus row.
+template <class T>
+FS_HOST_DEVICE RaceQ race_q(const VerifyParams<T>& p, int32_t b, int32_t k) {
+  const int32_t lo = p.cu_num_draft[b];
+  if (k == p.cu_num_draft[b + 1] - lo) return RaceQ{DraftQ::kOneHot, AnyFloatPtr{}, nullptr, AnyFloatPtr{}, 0};
+  const int64_t i = int64_t(lo) + k;
+  if (p.q_mode == DraftQ::kDense) return RaceQ{DraftQ::kDense, p.q_probs + i * p.q_row_stride, nullptr, {}, 0};
+  if (p.q_mode == DraftQ::kSparse)
+    return RaceQ{DraftQ::kSparse, AnyFloatPtr{}, p.q_ids + i * p.num_candidates, p.q_probs + i * p.q_row_stride,
+                 p.num_candidates};
+  return RaceQ{DraftQ::kOneHot, AnyFloatPtr{}, p.draft_tokens + i, AnyFloatPtr{}, 1};
+}
+
+// The race's element function for the request's mode: Gumbel keys on logits, r / E on probabilities.
 template <class T, class Backend>
-FS_HOST_DEVICE RaceResult race_row(const VerifyParams<T>& p, Backend& be, const T* row, const RowSoftmax& sm,
+FS_HOST_DEVICE RaceResult race_row(const VerifyParams<T>& p, Backend& be, const T* row, const VerifyWalk& w,
                                    const RaceQ& q, uint64_t seed, uint64_t position) {
   if (p.target_probs) return be.row_race(row, ProbRace{q}, seed, position);
-  return be.row_race(row, LogitRace{q, sm}, seed, position);
+  return be.row_race(row, LogitRace{q, w.sm}, seed, position);
 }
 
 // The row's softmax at 1 / inv_t, or nothing to compute on probabilities.
 template <class T, class Backend>
-FS_HOST_DEVICE Status row_softmax(const VerifyParams<T>& p, Backend& be, const T* row, float inv_t, RowSoftmax& sm) {
+FS_HOST_DEVICE Status row_softmax(const VerifyParams<T>& p, Backend& be, const T* row, int32_t k, float inv_t,
+                                  RowSoftmax& sm) {
   sm = RowSoftmax{0.f, inv_t, 0.f};
   if (p.target_probs) return Status::kOk;
-  const SoftmaxState st = be.row_softmax(row, inv_t);
-  sm = RowSoftmax{st.m, inv_t, logf(st.s)};
+  const SoftmaxState st = be.row_softmax(row, k, inv_t);
+  sm = RowSoftmax{st.m, inv_t, log_positive(st.s)};
   return softmax_row_status(st);
 }
 
-// The caller has checked the request (verify_check_request) and passes the result;
-// the walk adds the checks of the rows it reads. A failed request writes -1 over its
-// whole output row and num_accepted = -1; its status entry holds the code.
+// The caller has checked the request (verify_check_request) and passes the result; the walk
+// adds the checks of the rows it reads, and writes the accepted drafts.
 template <class T, class Backend>
-FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status status, Backend& be) {
+FS_HOST_DEVICE VerifyWalk verify_walk(const VerifyParams<T>& p, int32_t b, Status status, Backend& be) {
+  VerifyWalk w{status, 0, -1, 0, RowSoftmax{0.f, 1.f, 0.f}};
+  if (status != Status::kOk) return w;
   int32_t* out = p.out_tokens + int64_t(b) * (p.max_spec_len + 1);
-  int32_t k = 0;
-  int32_t emitted = -1;
-  if (status == Status::kOk) {
-    const int32_t lo = p.cu_num_draft[b];
-    const int32_t n = p.cu_num_draft[b + 1] - lo;
-    const int64_t row0 = int64_t(lo) + (p.bonus_tokens ? 0 : b);  // given bonus tokens: no bonus rows
-    const float temp = p.temperature[b];
-    const bool greedy = temperature_greedy(temp);
-    const float inv_t = greedy ? 1.f : 1.f / temp;
-    const uint64_t seed = uint64_t(p.seeds[b]);
-    const uint64_t offset = uint64_t(p.offsets[b]);
-    const float one = 1.f;
-    bool rejected = false;
-    for (; k < n; ++k) {
-      const T* row = p.logits + (row0 + k) * p.logits_row_stride;
-      const int32_t x = p.draft_tokens[lo + k];
-      if (greedy) {
-        const ArgMax am = be.row_argmax(row, p.target_probs);
-        status = greedy_row_status(am, p.target_probs);
-        if (status != Status::kOk) break;
-        if (am.i == x) {  // never for a placeholder: it is rejected, the argmax emitted
-          if (be.leader()) out[k] = x;
-          continue;
-        }
-        emitted = am.i;
-        rejected = true;
-        break;
-      }
-      RowSoftmax sm;
-      status = row_softmax(p, be, row, inv_t, sm);
-      if (status != Status::kOk) break;
-      // A placeholder lists no token in a one-hot q, so its residual is p itself.
-      const bool placeholder = x == kPlaceholderToken;
-      float p_x = 0.f;
-      if (!placeholder) p_x = p.target_probs ? to_float(row[x]) : expf(sm.log_prob(to_float(row[x])));
-      if (p.target_probs && !prob_ok(p_x)) {
-        status = Status::kBadTargetProb;
-        break;
-      }
-      RaceQ q{p.q_mode, AnyFloatPtr{}, &x, AnyFloatPtr{&one, FloatType::kFloat32}, 1};
-      float q_x = 1.f;
-      if (p.q_mode == DraftQ::kDense) {
-        q.dense = p.q_probs + int64_t(lo + k) * p.q_row_stride;
-        q_x = placeholder ? 1.f : q.dense[x];
-      } else if (p.q_mode == DraftQ::kSparse) {
-        q.ids = p.q_ids + int64_t(lo + k) * p.num_candidates;
-        q.probs = p.q_probs + int64_t(lo + k) * p.q_row_stride;
-        q.k = p.num_candidates;
-        q_x = fmaxf(q.listed(x), 0.f);
-      }
-      const float u = uniform_open01(philox_u32(seed, offset + k, kPurposeAccept, 0));
-      if (!placeholder && accept_draft(u, p_x, q_x)) {
+  const int32_t lo = p.cu_num_draft[b];
+  const int32_t n = p.cu_num_draft[b + 1] - lo;
+  const float temp = p.temperature[b];
+  const bool greedy = temperature_greedy(temp);
+  const float inv_t = greedy ? 1.f : 1.f / temp;
+  const uint64_t seed = uint64_t(p.seeds[b]);
+  const uint64_t offset = uint64_t(p.offsets[b]);
+  for (; w.k < n; ++w.k) {
+    const int32_t k = w.k;
+    const T* row = verify_row(p, b, k);
+    const int32_t x = p.draft_tokens[lo + k];
+    if (greedy) {
+      const ArgMax am = be.row_argmax(row, k, p.target_probs);
+      w.status = greedy_row_status(am, p.target_probs);
+      if (w.status != Status::kOk) return w;
+      if (am.i == x) {  // never for a placeholder: it is rejected, the argmax emitted
         if (be.leader()) out[k] = x;
         continue;
       }
-      const RaceResult r = race_row(p, be, row, sm, q, seed, offset + k);
-      if (r.bad) {
-        status = r.bad & kRaceBadQ ? Status::kBadDraftProb : Status::kBadTargetProb;
-        break;
-      }
-      emitted = r.residual.i >= 0 ? r.residual.i : r.target.i;
-      rejected = true;
-      break;
+      w.emitted = am.i;
+      return w;
     }
-    if (status == Status::kOk && !rejected && p.bonus_tokens) {  // every draft accepted: the caller's bonus
-      emitted = p.bonus_tokens[b];
-    } else if (status == Status::kOk && !rejected) {  // every draft accepted: the bonus token comes from p
-      const T* row = p.logits + (row0 + n) * p.logits_row_stride;
-      if (greedy) {
-        const ArgMax am = be.row_argmax(row, p.target_probs);
-        status = greedy_row_status(am, p.target_probs);
-        emitted = am.i;
-      } else {
-        RowSoftmax sm;
-        status = row_softmax(p, be, row, inv_t, sm);
-        if (status == Status::kOk) {
-          const RaceQ none{DraftQ::kOneHot, AnyFloatPtr{}, nullptr, AnyFloatPtr{}, 0};
-          const RaceResult r = race_row(p, be, row, sm, none, seed, offset + n);
-          if (r.bad) status = Status::kBadTargetProb;
-          emitted = r.target.i;
-          // A probabilities row with no mass at all has no winner.
-          if (status == Status::kOk && emitted < 0) status = Status::kBadTargetProb;
-        }
+    w.status = row_softmax(p, be, row, k, inv_t, w.sm);
+    if (w.status != Status::kOk) return w;
+    // A placeholder lists no token in a one-hot q, so its residual is p itself.
+    const bool placeholder = x == kPlaceholderToken;
+    float p_x = 0.f, q_x = 1.f;
+    if (!placeholder) {
+      p_x = p.target_probs ? to_float(row[x]) : exp_nonpositive(w.sm.log_prob(to_float(row[x])));
+      if (p.q_mode == DraftQ::kDense) {
+        q_x = p.q_probs[int64_t(lo + k) * p.q_row_stride + x];
+      } else if (p.q_mode == DraftQ::kSparse) {
+        q_x = fmaxf(race_q(p, b, k).listed(x), 0.f);
       }
     }
-    if (status == Status::kOk && rejected && emitted < 0) status = Status::kBadTargetProb;  // ditto, a rejected row
+    if (p.target_probs && !prob_ok(p_x)) {
+      w.status = Status::kBadTargetProb;
+      return w;
+    }
+    const float u = uniform_open01(philox_u32(seed, offset + k, kPurposeAccept, 0));
+    if (!placeholder && accept_draft(u, p_x, q_x)) {
+      if (be.leader()) out[k] = x;
+      continue;
+    }
+    w.race = 1;  // rejected: the correction token comes from the residual at this row
+    return w;
   }
-  if (be.leader()) {
+  if (p.bonus_tokens) {  // every draft accepted: the caller's bonus
+    w.emitted = p.bonus_tokens[b];
+  } else if (greedy) {  // every draft accepted: the bonus token comes from p
+    const ArgMax am = be.row_argmax(verify_row(p, b, n), n, p.target_probs);
+    w.status = greedy_row_status(am, p.target_probs);
+    w.emitted = am.i;
+  } else {
+    w.status = row_softmax(p, be, verify_row(p, b, n), n, inv_t, w.sm);
+    w.race = w.status == Status::kOk;
+  }
+  return w;
+}
+
+// The request's outputs from its walk and, when it raced, the race over its stop row. A
+// failed request writes -1 over its whole output row and num_accepted = -1; its status entry
+// holds the code. Only the leader writes.
+template <class T>
+FS_HOST_DEVICE Status verify_finish(const VerifyParams<T>& p, int32_t b, const VerifyWalk& w, const RaceResult& r,
+                                    bool leader) {
+  Status status = w.status;
+  int32_t emitted = w.emitted;
+  if (status == Status::kOk && w.race) {
+    if (r.bad) status = r.bad & kRaceBadQ ? Status::kBadDraftProb : Status::kBadTargetProb;
+    emitted = r.residual.i >= 0 ? r.residual.i : r.target.i;  // p == q up to rounding: from p
+    // A probabilities row with no mass at all has no winner.
+    if (status == Status::kOk && emitted < 0) status = Status::kBadTargetProb;
+  }
+  if (leader) {
+    int32_t* out = p.out_tokens + int64_t(b) * (p.max_spec_len + 1);
     if (status == Status::kOk) {
-      out[k] = emitted;
-      p.out_num_accepted[b] = k;
+      out[w.k] = emitted;
+      p.out_num_accepted[b] = w.k;
     } else {
       for (int32_t i = 0; i <= p.max_spec_len; ++i) out[i] = -1;
       p.out_num_accepted[b] = -1;
@@ -376,6 +420,59 @@ FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status
     write_status(p.status, b, status);
   }
   return status;
+}
+
+// ---- the CUDA kernel's workspace (sizes only: CUDA-graph safe) ---------------
+
+// Elements per (row, chunk) tile of the CUDA kernel: the unit of its parallelism over a row.
+constexpr int64_t kVerifyChunk = 4096;
+
+FS_HOST_DEVICE int32_t verify_chunks(int32_t vocab) { return int32_t(ceil_div(vocab, kVerifyChunk)); }
+
+// A tile's partial: its online softmax (sampled requests on logits) or its argmax (greedy).
+struct VerifyRowPartial {
+  SoftmaxState st;
+  ArgMax am;
+};
+
+struct VerifyWorkspace {
+  VerifyRowPartial* rows;  // [B * (max_spec_len + 1) * chunks]: request b's row k, chunk c
+  VerifyWalk* walks;       // [B]
+  RaceResult* races;       // [B * chunks]: the stop row's chunk c
+};
+
+FS_HOST_DEVICE int64_t verify_align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+FS_HOST_DEVICE int64_t verify_workspace_bytes(int32_t batch, int32_t max_spec_len, int32_t vocab) {
+  const int64_t chunks = verify_chunks(vocab);
+  return verify_align16(int64_t(batch) * (max_spec_len + 1) * chunks * int64_t(sizeof(VerifyRowPartial))) +
+         verify_align16(int64_t(batch) * int64_t(sizeof(VerifyWalk))) +
+         verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult)));
+}
+
+template <class T>
+FS_HOST_DEVICE VerifyWorkspace verify_workspace(const VerifyParams<T>& p) {
+  const int64_t chunks = verify_chunks(p.vocab);
+  char* base = static_cast<char*>(p.workspace);
+  VerifyWorkspace ws;
+  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
+  base += verify_align16(int64_t(p.batch) * (p.max_spec_len + 1) * chunks * int64_t(sizeof(VerifyRowPartial)));
+  ws.walks = reinterpret_cast<VerifyWalk*>(base);
+  base += verify_align16(int64_t(p.batch) * int64_t(sizeof(VerifyWalk)));
+  ws.races = reinterpret_cast<RaceResult*>(base);
+  return ws;
+}
+
+// The three steps back to back, on a backend that also races a row:
+//   RaceResult row_race(const T* row, const LogitRace& / const ProbRace&, uint64_t seed, uint64_t position)
+template <class T, class Backend>
+FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status status, Backend& be) {
+  const VerifyWalk w = verify_walk(p, b, status, be);
+  RaceResult r = race_identity();
+  if (w.status == Status::kOk && w.race)
+    r = race_row(p, be, verify_row(p, b, w.k), w, race_q(p, b, w.k), uint64_t(p.seeds[b]),
+                 uint64_t(p.offsets[b]) + w.k);
+  return verify_finish(p, b, w, r, be.leader());
 }
 
 }  // namespace flashspark

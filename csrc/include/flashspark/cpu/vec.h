@@ -3,6 +3,7 @@
 // portable build still runs AVX2/AVX-512 code where the CPU has it.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -104,13 +105,23 @@ FS_CPU_CLONES static float max_of(int64_t n, const float* __restrict x) {
   return m;
 }
 
+// 16-bit rows widened to fp32 in simd loops compiled per instruction set.
+FS_CPU_CLONES static void widen(size_t n, const bfloat16_t* __restrict src, float* __restrict dst) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+}
+FS_CPU_CLONES static void widen(size_t n, const float16_t* __restrict src, float* __restrict dst) {
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
 // n values of src as fp32: src itself when T is fp32 (read in place), else converted into dst.
 template <class T>
 const float* as_f32(const T* src, size_t n, float* dst) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+    widen(n, src, dst);
     return dst;
   }
 }
@@ -120,6 +131,19 @@ template <class T>
 const float* as_f32_buffer(const T* src, size_t n, std::vector<float>& buf) {
   if constexpr (!std::is_same_v<T, float>) buf.resize(n);
   return as_f32(src, n, buf.data());
+}
+
+// max_i x[i] (-inf for n = 0) and whether any x[i] is NaN, in one pass.
+FS_CPU_CLONES static float max_of_checked(int64_t n, const float* __restrict x, bool* has_nan) {
+  float m = -__builtin_inff();
+  int bad = 0;
+#pragma omp simd reduction(max : m) reduction(| : bad)
+  for (int64_t i = 0; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    bad |= !(x[i] == x[i]);
+  }
+  *has_nan = bad != 0;
+  return m;
 }
 
 // Whether any x[i] is NaN.
@@ -138,38 +162,53 @@ FS_CPU_CLONES static bool any_outside01(int64_t n, const float* __restrict x) {
   return bad != 0;
 }
 
-// The first i with x[i] == v (n when there is none).
-static inline int64_t first_equal(int64_t n, const float* x, float v) {
-  int64_t i = 0;
-  while (i < n && !(x[i] == v)) ++i;
-  return i;
+// The first i with x[i] == v (n when there is none): a min reduction, so it vectorizes.
+FS_CPU_CLONES static int64_t first_equal(int64_t n, const float* __restrict x, float v) {
+  int64_t first = n;
+#pragma omp simd reduction(min : first)
+  for (int64_t i = 0; i < n; ++i) first = x[i] == v && i < first ? i : first;
+  return first;
 }
 
-// exp(x) for x <= 0 (the terms of a max-shifted softmax sum), in plain arithmetic so
-// that simd loops vectorize it (the C library's expf is a call): Cody-Waite range
-// reduction by ln 2 and a degree-6 polynomial (the Cephes expf coefficients), within
-// 2 ulp of expf for x in [-87, 0]; below -87 it returns about 1.6e-38 instead of an
-// underflowing value, which no sum that contains exp(0) = 1 can notice. The clamp is
-// a select that vectorizes under -fno-trapping-math (setup.py, CMakeLists.txt).
-static inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;  // NaN stays NaN, and so does the result (callers detect it)
-  // n = round(x / ln 2) by truncating a non-negative number (a vector conversion, no call);
-  // from a copy in which NaN reads as -87, since converting NaN to an integer is undefined.
-  const float xn = x > -87.0f ? x : -87.0f;
-  const int32_t ni = -int32_t(0.5f - xn * 1.44269504088896341f);
-  const float n = float(ni);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (ni + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
+// Philox4x32-10 blocks first, first + 1, ..., first + count - 1 of one (seed, position,
+// purpose) stream, as philox_block computes them, 32 at a time in lockstep so that the rounds
+// vectorize: the 32-bit words live in 64-bit lanes, where a 32 x 32 -> 64-bit product is one
+// instruction and its halves need no repacking; block i's draws land in out[4 i .. 4 i + 3].
+FS_CPU_CLONES static void philox_blocks(uint64_t seed, uint64_t position, uint32_t purpose, uint32_t first,
+                                        int64_t count, uint32_t* __restrict out) {
+  constexpr int64_t kLanes = 32;
+  constexpr uint64_t kLow = 0xFFFFFFFFu;
+  for (int64_t g0 = 0; g0 < count; g0 += kLanes) {
+    uint64_t x[kLanes], y[kLanes], z[kLanes], w[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) {
+      x[j] = uint32_t(first + uint32_t(g0 + j));
+      y[j] = uint32_t(position);
+      z[j] = uint32_t(position >> 32);
+      w[j] = purpose;
+    }
+    uint64_t k0 = uint32_t(seed), k1 = uint32_t(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const uint64_t p0 = 0xD2511F53u * x[j];
+        const uint64_t p1 = 0xCD9E8D57u * z[j];
+        x[j] = (p1 >> 32) ^ y[j] ^ k0;
+        y[j] = p1 & kLow;
+        z[j] = (p0 >> 32) ^ w[j] ^ k1;
+        w[j] = p0 & kLow;
+      }
+      k0 = (k0 + 0x9E3779B9u) & kLow;
+      k1 = (k1 + 0xBB67AE85u) & kLow;
+    }
+    const int64_t m = std::min(kLanes, count - g0);
+    for (int64_t j = 0; j < m; ++j) {
+      uint32_t* o = out + 4 * (g0 + j);
+      o[0] = uint32_t(x[j]);
+      o[1] = uint32_t(y[j]);
+      o[2] = uint32_t(z[j]);
+      o[3] = uint32_t(w[j]);
+    }
+  }
 }
 
 // sum_i exp(x[i] - m) for m >= max_i x[i].

@@ -12,8 +12,11 @@
 
 namespace flashspark::cuda {
 
+// max_grid_y: at most this many blocks along the batch (the hardware's 65535 by default; smaller
+// makes blocks loop over several rows or requests, as the largest batches do).
 template <class T>
-cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStream_t stream);
+cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStream_t stream,
+                          int64_t max_grid_y = 65535);
 
 template <class T>
 cudaError_t launch_inject_context_kv(const InjectParams<T>& p, cudaStream_t stream);
