@@ -50,7 +50,7 @@ static void run(int32_t batch, int32_t gamma, int32_t vocab, bool greedy, int re
   p.vocab = vocab;
   p.max_spec_len = gamma;
   const int32_t num_tokens = batch * gamma;
-  CHECK_CUDA(cudaMalloc(&p.workspace, size_t(verify_workspace_bytes(batch, gamma, vocab))));
+  CHECK_CUDA(cudaMalloc(&p.workspace, size_t(verify_workspace_bytes(batch, int64_t(batch) * (gamma + 1), vocab))));
   CHECK_CUDA(cuda::launch_verify<T>(p, num_tokens, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   cudaEvent_t start, stop;

@@ -35,8 +35,8 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
   dispatch_float(a.logits.scalar_type(), [&]<class T>() {
     VerifyParams<T> p = make_verify_params<T>(a, out_tokens, out_num_accepted, st);
     // scratch for the kernel's (row, chunk) partials; its size depends on sizes only
-    const at::Tensor workspace =
-        at::empty({verify_workspace_bytes(a.batch, a.max_spec_len, a.vocab)}, target_logits.options().dtype(at::kByte));
+    const at::Tensor workspace = at::empty({verify_workspace_bytes(a.batch, a.logits.size(0), a.vocab)},
+                                           target_logits.options().dtype(at::kByte));
     p.workspace = workspace.mutable_data_ptr();
     check_cuda(cuda::launch_verify<T>(p, a.num_tokens, stream), "verify");
   });

@@ -91,9 +91,9 @@ MUTANTS = {
     "verify-tile-short": (
         "include/flashspark/cuda/verify.cuh",
         "  const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);\n"
-        "  const int64_t slots",
+        "  for (int64_t r = blockIdx.y;",
         "  const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk - 4);\n"
-        "  const int64_t slots",
+        "  for (int64_t r = blockIdx.y;",
         "verify",
     ),
     "verify-butterfly-short": (
@@ -116,7 +116,7 @@ MUTANTS = {
     ),
     "verify-tiles-scratch-unsynced": (
         "include/flashspark/cuda/verify.cuh",
-        "    __syncthreads();                                          // the scratch is reused next slot\n",
+        "    __syncthreads();                                       // the scratch is reused next row\n",
         "",
         "verify",
     ),

@@ -907,3 +907,24 @@ def test_bad_out_buffers():
             out_num_accepted=torch.empty(3, dtype=torch.int32),
             **kw,
         )
+
+
+def test_overlapping_requests_fail_on_every_backend(device):
+    # cu_num_draft = [0, 5, 1, 2, 9]: request 1 decreases (5 -> 1); request 0's rows 0..5 reach
+    # into rows 3..4 that request 2's range covers, so rows would be reduced for the wrong request:
+    # it fails too. Requests 2 and 3 own all of their rows (3..4 and 5..12) and are verified as
+    # if alone, on the CPU and on CUDA alike (both assign rows by the same search).
+    logits, _, _, kw = make_case([5, 0, 1, 7], 23, seed=31, device=device)
+    logits = logits[:13]  # 9 draft rows + 4 bonus rows
+    cu = torch.tensor([0, 5, 1, 2, 9], dtype=torch.int32, device=device)
+    tokens = torch.randint(0, 23, (9,), dtype=torch.int32, generator=torch.Generator().manual_seed(2)).to(device)
+    kw = dict(kw, max_spec_len=7)
+    status = torch.full((4,), -7, dtype=torch.int32, device=device)
+    out, acc = flashspark.verify(logits, tokens, cu, status=status, **kw)
+    assert status.cpu().tolist() == [1, 1, 0, 0]
+    assert (out.cpu()[:2] == -1).all() and acc.cpu()[:2].tolist() == [-1, -1]
+    for b, rows, drafts in [(2, slice(3, 5), slice(1, 2)), (3, slice(5, 13), slice(2, 9))]:
+        alone = {k: (v[b : b + 1] if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        n = drafts.stop - drafts.start
+        want = verify_reference(logits[rows], tokens[drafts], torch.tensor([0, n], dtype=torch.int32), **alone)
+        assert out.cpu()[b].tolist() == want[0][0].tolist() and int(acc[b]) == int(want[1][0])

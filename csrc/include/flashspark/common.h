@@ -143,9 +143,9 @@ struct AnyFloatPtr {
 // backend computes the same value: n = round(x / ln 2) by the 1.5 * 2^23 shifter (the sum's low
 // bits hold n: no float <-> int conversion), Cody-Waite reduction by ln 2, the Cephes expf
 // polynomial, and 2^n added to the exponent bits; within 1 ulp of exp for x in [-87, 0]. Below
-// -87 it returns about 1.6e-38 instead of an underflowing value, which no sum that contains
-// exp(0) = 1 can notice. NaN stays NaN. The selects vectorize under -fno-trapping-math
-// (setup.py, CMakeLists.txt).
+// -87 (-inf included) it returns 0: a probability under 1.7e-38 is no mass (a masked token is
+// never accepted), and no sum that contains exp(0) = 1 can notice. NaN stays NaN. The selects
+// vectorize under -fno-trapping-math (setup.py, CMakeLists.txt).
 FS_HOST_DEVICE float exp_nonpositive(float x) {
   const float xc = x < -87.0f ? -87.0f : x;
   const float shifter = 12582912.f;  // 1.5 * 2^23
@@ -160,7 +160,7 @@ FS_HOST_DEVICE float exp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;  // in [0.7, 1.42]: 2^n times it stays normal for n >= -126
   const float e = bits_to_float(float_to_bits(y) + ((float_to_bits(t) - float_to_bits(shifter)) << 23));
-  return x == x ? e : x;
+  return x < -87.0f ? 0.f : (x == x ? e : x);
 }
 
 // log(x) for a normal float x > 0, in the same branch-free style: x = m * 2^e with m in

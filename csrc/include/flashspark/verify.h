@@ -54,7 +54,8 @@ struct VerifyParams {
   // [B] bonus tokens sampled by the caller (vLLM samples its own), or null. With them the
   // logits hold no bonus rows: request b's rows are cu[b] ... cu[b+1] ([T, V] in all).
   const int32_t* bonus_tokens = nullptr;
-  // CUDA only: scratch of verify_workspace_bytes(batch, max_spec_len, vocab) bytes, 16-aligned.
+  // CUDA only: scratch of verify_workspace_bytes(batch, num_rows, vocab) bytes, 16-aligned
+  // (num_rows: the logits' rows, T + B, or T with bonus_tokens).
   void* workspace = nullptr;
   // The logits rows hold probabilities p instead (an engine that has them already): p(x) is
   // read as given, never renormalized, and temperature must be greedy or exactly 1.
@@ -74,6 +75,30 @@ FS_HOST_DEVICE bool prob_ok(float v) { return v >= 0.f && v <= 1.f; }
 // Probabilities are already tempered: a request on them is greedy or samples them as given.
 FS_HOST_DEVICE bool probs_temperature_ok(float t) { return temperature_greedy(t) || t == 1.f; }
 
+// The first logits row of request b (its row k is this + k).
+template <class T>
+FS_HOST_DEVICE int64_t verify_row_start(const VerifyParams<T>& p, int32_t b) {
+  return int64_t(p.cu_num_draft[b]) + (p.bonus_tokens ? 0 : b);
+}
+
+// The request whose rows hold logits row r: the last b with verify_row_start(b) <= r, by binary
+// search (well defined, if meaningless, on a malformed cu_num_draft); -1 when r is nobody's.
+template <class T>
+FS_HOST_DEVICE int32_t verify_row_owner(const VerifyParams<T>& p, int64_t r) {
+  int32_t lo = 0, hi = p.batch;  // the answer lies in [lo - 1, hi - 1]
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo) / 2;
+    if (verify_row_start(p, mid) <= r)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const int32_t b = lo - 1;
+  if (b < 0) return -1;
+  const int64_t k = r - verify_row_start(p, b), n = int64_t(p.cu_num_draft[b + 1]) - p.cu_num_draft[b];
+  return k <= n - (p.bonus_tokens ? 1 : 0) ? b : -1;  // past its last row: nobody's
+}
+
 // Checks of request b's own slice of the inputs, before any row is read: its
 // cu_num_draft entries (so the rows it reads exist), temperature, draft ids,
 // sparse candidates and the draft's own q. Shared by the CPU binding (eagerly,
@@ -85,6 +110,12 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
   if (b == p.batch - 1 && hi != num_tokens) return Status::kBadCuNumDraft;
   if (hi < lo || lo < 0 || hi > num_tokens) return Status::kBadCuNumDraft;
   if (hi - lo > p.max_spec_len) return Status::kSpecTooLong;
+  // Every row of the request is its own: the CUDA kernel reduces a row for the request this
+  // search finds, so rows that another request's range also covers (a cu_num_draft that is
+  // not monotone) would be reduced for the wrong one. Checked on both backends alike.
+  const int64_t start = verify_row_start(p, b), rows = int64_t(hi - lo) + (p.bonus_tokens ? 0 : 1);
+  for (int64_t k = 0; k < rows; ++k)
+    if (verify_row_owner(p, start + k) != b) return Status::kBadCuNumDraft;
   const float t = p.temperature[b];
   if (!temperature_ok(t) || (p.target_probs && !probs_temperature_ok(t))) return Status::kBadTemperature;
   if (p.bonus_tokens && (p.bonus_tokens[b] < 0 || p.bonus_tokens[b] >= p.vocab)) return Status::kBonusTokenRange;
@@ -113,8 +144,8 @@ FS_HOST_DEVICE Status verify_check_request(const VerifyParams<T>& p, int32_t b, 
 
 // verify's race noise: philox.h's Gumbel and Exp(1) draws, with the log in plain arithmetic
 // (log_normal: u and -log u are normal floats), so the CPU kernel computes it in simd loops and
-// both backends draw the same value (scalar libm logf, which the drafters' races use, does not
-// vectorize).
+// both backends evaluate the same arithmetic, equal up to FMA contraction (scalar libm logf,
+// which the drafters' races use, does not vectorize).
 FS_HOST_DEVICE float race_exponential(uint32_t bits) { return -log_normal(uniform_open01(bits)); }
 FS_HOST_DEVICE float race_gumbel(uint32_t bits) { return -log_normal(race_exponential(bits)); }
 
@@ -131,7 +162,8 @@ FS_HOST_DEVICE float listed_q(const int32_t* ids, AnyFloatPtr probs, int32_t k, 
 // Race key of token x for the residual norm(max(p - q, 0)), given
 // lp = log p(x), q = q(x) and Gumbel noise g. -inf when x has no residual mass.
 FS_HOST_DEVICE float residual_key(float lp, float q, float g) {
-  if (q <= 0.f) return lp + g;  // no draft mass: residual equals p, skip exp/log
+  if (lp == kNegInf) return kNegInf;  // no target mass: no residual either
+  if (q <= 0.f) return lp + g;        // no draft mass: residual equals p, skip exp/log
   const float r = exp_nonpositive(lp) - q;
   return r > 0.f ? log_positive(r) + g : kNegInf;
 }
@@ -201,6 +233,8 @@ struct RaceQ {
     if (!prob_ok(qx)) r.bad |= kRaceBadQ;
     return qx;
   }
+  // The probability of listed entry j (a one-hot q: 1).
+  FS_HOST_DEVICE float listed_prob(int32_t j) const { return mode == DraftQ::kOneHot ? 1.f : probs[j]; }
   // q(x) of the listed modes: -1 when x is not listed (q(x) = 0). A one-hot q lists the
   // draft alone, with q = 1 (a placeholder lists nothing a vocabulary id can match).
   FS_HOST_DEVICE float listed(int32_t x) const {
@@ -291,8 +325,7 @@ struct VerifyWalk {
 // Row k of request b (k = n_b is its bonus row).
 template <class T>
 FS_HOST_DEVICE const T* verify_row(const VerifyParams<T>& p, int32_t b, int32_t k) {
-  const int64_t row0 = int64_t(p.cu_num_draft[b]) + (p.bonus_tokens ? 0 : b);  // given bonus: no bonus rows
-  return p.logits + (row0 + k) * p.logits_row_stride;
+  return p.logits + (verify_row_start(p, b) + k) * p.logits_row_stride;  // given bonus: no bonus rows
 }
 
 // What the race at row k of request b subtracts from p: the draft's q, or nothing at the bonus row.
@@ -429,25 +462,27 @@ constexpr int64_t kVerifyChunk = 4096;
 
 FS_HOST_DEVICE int32_t verify_chunks(int32_t vocab) { return int32_t(ceil_div(vocab, kVerifyChunk)); }
 
-// A tile's partial: its online softmax (sampled requests on logits) or its argmax (greedy).
+// A tile's partial: its online softmax (sampled requests on logits) or its argmax (greedy), for
+// the request that owns its row (verify_row_owner).
 struct VerifyRowPartial {
   SoftmaxState st;
   ArgMax am;
 };
 
 struct VerifyWorkspace {
-  VerifyRowPartial* rows;  // [B * (max_spec_len + 1) * chunks]: request b's row k, chunk c
   VerifyWalk* walks;       // [B]
   RaceResult* races;       // [B * chunks]: the stop row's chunk c
+  VerifyRowPartial* rows;  // [num_rows * chunks]: logits row r, chunk c
 };
 
 FS_HOST_DEVICE int64_t verify_align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-FS_HOST_DEVICE int64_t verify_workspace_bytes(int32_t batch, int32_t max_spec_len, int32_t vocab) {
+// Sizes only (CUDA-graph safe): proportional to the logits' rows, not to max_spec_len.
+FS_HOST_DEVICE int64_t verify_workspace_bytes(int32_t batch, int64_t num_rows, int32_t vocab) {
   const int64_t chunks = verify_chunks(vocab);
-  return verify_align16(int64_t(batch) * (max_spec_len + 1) * chunks * int64_t(sizeof(VerifyRowPartial))) +
-         verify_align16(int64_t(batch) * int64_t(sizeof(VerifyWalk))) +
-         verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult)));
+  return verify_align16(int64_t(batch) * int64_t(sizeof(VerifyWalk))) +
+         verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult))) +
+         verify_align16(num_rows * chunks * int64_t(sizeof(VerifyRowPartial)));
 }
 
 template <class T>
@@ -455,11 +490,11 @@ FS_HOST_DEVICE VerifyWorkspace verify_workspace(const VerifyParams<T>& p) {
   const int64_t chunks = verify_chunks(p.vocab);
   char* base = static_cast<char*>(p.workspace);
   VerifyWorkspace ws;
-  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
-  base += verify_align16(int64_t(p.batch) * (p.max_spec_len + 1) * chunks * int64_t(sizeof(VerifyRowPartial)));
   ws.walks = reinterpret_cast<VerifyWalk*>(base);
   base += verify_align16(int64_t(p.batch) * int64_t(sizeof(VerifyWalk)));
   ws.races = reinterpret_cast<RaceResult*>(base);
+  base += verify_align16(int64_t(p.batch) * chunks * int64_t(sizeof(RaceResult)));
+  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
   return ws;
 }
 

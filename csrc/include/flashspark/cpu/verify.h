@@ -27,6 +27,19 @@ inline const float* dense_q_tile(const RaceQ& q, int64_t b, int64_t n, float* bu
   return buf;
 }
 
+// q of the listed ids that fall in the tile [b, b + n), summed over an id's entries (duplicates),
+// into qsum at the id's offset: O(K) per tile (only those entries are written and read).
+inline void listed_q_tile(const RaceQ& q, int64_t b, int64_t n, float* qsum) {
+  for (int32_t j = 0; j < q.k; ++j) {
+    const int64_t i = int64_t(q.ids[j]) - b;
+    if (i >= 0 && i < n) qsum[i] = 0.f;
+  }
+  for (int32_t j = 0; j < q.k; ++j) {
+    const int64_t i = int64_t(q.ids[j]) - b;
+    if (i >= 0 && i < n) qsum[i] += q.listed_prob(j);
+  }
+}
+
 // LogitRace's keys over a tile: target keys log p + g, then the residual keys (dense q: every
 // entry; listed q: only the listed ids differ from the target keys).
 FS_CPU_CLONES static void logit_target_keys(int64_t n, const float* __restrict x, const uint32_t* __restrict bits,
@@ -61,9 +74,10 @@ inline RaceResult logit_race_tile(const LogitRace& race, int64_t b, int64_t n, c
     r.residual = r.target;
     return r;
   }
-  for (int32_t j = 0; j < q.k; ++j) {  // a listed id carries q(x) summed over its entries
+  listed_q_tile(q, b, n, qbuf);
+  for (int32_t j = 0; j < q.k; ++j) {
     const int64_t i = int64_t(q.ids[j]) - b;
-    if (i >= 0 && i < n) keys[i] = residual_key(race.sm.log_prob(x[i]), q.listed(q.ids[j]), g[i]);
+    if (i >= 0 && i < n) keys[i] = residual_key(race.sm.log_prob(x[i]), qbuf[i], g[i]);
   }
   r.residual = tile_argmax(n, keys, b);
   return r;
@@ -103,9 +117,10 @@ inline RaceResult prob_race_tile(const ProbRace& race, int64_t b, int64_t n, con
     r.residual = r.target;
     return r;
   }
+  listed_q_tile(q, b, n, qbuf);
   for (int32_t j = 0; j < q.k; ++j) {
     const int64_t i = int64_t(q.ids[j]) - b;
-    if (i >= 0 && i < n) keys[i] = prob_key(prob_residual(px[i], q.listed(q.ids[j])), e[i]);
+    if (i >= 0 && i < n) keys[i] = prob_key(prob_residual(px[i], qbuf[i]), e[i]);
   }
   r.residual = tile_argmax(n, keys, b);
   return r;
@@ -152,7 +167,7 @@ struct VerifyRowBackend {
             bool has_nan;
             const float m = max_of_checked(n, x, &has_nan);
             if (has_nan) return SoftmaxState{NAN, NAN};  // poisoned, whatever else the row holds
-            if (m == kNegInf) continue;  // all -inf: no mass
+            if (m == kNegInf) continue;                  // all -inf: no mass
             // +inf leaves s = NaN (inf - inf), which softmax_valid rejects.
             st = softmax_merge(st, SoftmaxState{m, sum_exp_scaled(n, x, m, inv_t)}, inv_t);
           }

@@ -1,9 +1,9 @@
 // CUDA kernel of `verify`: four launches whose shapes depend on sizes only (CUDA-graph safe),
 // none of which synchronizes with the host.
-//   1. verify_tiles_kernel   grid (chunks, B * (max_spec_len + 1)): every (row, chunk) tile of
-//                            the batch at once; its online softmax at the request's temperature
-//                            (sampled, logits) or its argmax (greedy). Probabilities sampled:
-//                            nothing (the walk reads p(draft) alone).
+//   1. verify_tiles_kernel   grid (chunks, logits rows): every (row, chunk) tile of the batch at
+//                            once; its online softmax at the temperature of the request that
+//                            owns the row (sampled, logits) or its argmax (greedy). Probabilities
+//                            sampled: nothing (the walk reads p(draft) alone).
 //   2. verify_walk_kernel    a warp per request: merges each row's partials in chunk order (a
 //                            fixed butterfly, so every lane holds the same value) as it walks the
 //                            accept tests to the stop row (verify_walk, as on the CPU).
@@ -61,15 +61,11 @@ __global__ void __launch_bounds__(kThreads) verify_tiles_kernel(VerifyParams<T> 
   const int32_t chunks = verify_chunks(p.vocab);
   const int64_t c = blockIdx.x;
   const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
-  const int64_t slots = int64_t(p.batch) * (p.max_spec_len + 1);
-  for (int64_t slot = blockIdx.y; slot < slots; slot += gridDim.y) {  // block-uniform from here on
-    const int32_t b = int32_t(slot / (p.max_spec_len + 1)), k = int32_t(slot % (p.max_spec_len + 1));
-    const int64_t lo = p.cu_num_draft[b], n = int64_t(p.cu_num_draft[b + 1]) - lo;
-    // A row the request does not have, or one a malformed cu_num_draft would place outside the
-    // logits (the walk then fails the request): nothing to read.
-    if (lo < 0 || k > n || (k == n && p.bonus_tokens)) continue;
-    const int64_t r = lo + k + (p.bonus_tokens ? 0 : b);
-    if (r >= num_rows) continue;
+  for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {  // block-uniform from here on
+    // The request the row belongs to; none (a malformed cu_num_draft): nothing to reduce, and no
+    // request that passes its checks reads it (verify_check_request).
+    const int32_t b = verify_row_owner(p, r);
+    if (b < 0) continue;
     const float temp = p.temperature[b];
     const bool greedy = temperature_greedy(temp);
     if (!greedy && p.target_probs) continue;
@@ -97,8 +93,8 @@ __global__ void __launch_bounds__(kThreads) verify_tiles_kernel(VerifyParams<T> 
       }
       part.st = SoftmaxReduce(scratch.softmax).Reduce(st, SoftmaxMergeOp{inv_t});
     }
-    if (threadIdx.x == 0) ws.rows[slot * chunks + c] = part;  // CUB's aggregate is thread 0's
-    __syncthreads();                                          // the scratch is reused next slot
+    if (threadIdx.x == 0) ws.rows[r * chunks + c] = part;  // CUB's aggregate is thread 0's
+    __syncthreads();                                       // the scratch is reused next row
   }
 }
 
@@ -138,7 +134,7 @@ __global__ void __launch_bounds__(32 * kVerifyWalkWarps) verify_walk_kernel(Veri
   int32_t* out = p.out_tokens + int64_t(b) * (p.max_spec_len + 1);
   for (int32_t i = lane; i <= p.max_spec_len; i += 32) out[i] = -1;
   __syncwarp();
-  VerifyMergedBackend<T> be{ws.rows + int64_t(b) * (p.max_spec_len + 1) * chunks, chunks, lane};
+  VerifyMergedBackend<T> be{ws.rows + verify_row_start(p, b) * chunks, chunks, lane};
   const VerifyWalk w = verify_walk(p, b, checked, be);
   if (lane == 0) ws.walks[b] = w;
   if (w.status != Status::kOk || !w.race) verify_finish(p, b, w, race_identity(), lane == 0);
@@ -170,7 +166,8 @@ __global__ void __launch_bounds__(kThreads) verify_race_kernel(VerifyParams<T> p
   const int32_t chunks = verify_chunks(p.vocab);
   const int64_t c = blockIdx.x;
   const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
-  for (int32_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+  for (int64_t bb = blockIdx.y; bb < p.batch; bb += gridDim.y) {
+    const int32_t b = int32_t(bb);
     const VerifyWalk w = ws.walks[b];
     if (w.status != Status::kOk || !w.race) continue;  // block-uniform
     const T* row = verify_row(p, b, w.k);
@@ -206,11 +203,11 @@ cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStre
   max_grid_y = std::max<int64_t>(1, std::min(max_grid_y, kMaxGridY));
   if (p.batch == 0) return cudaSuccess;
   const int64_t chunks = verify_chunks(p.vocab);
-  const int64_t slots = int64_t(p.batch) * (p.max_spec_len + 1);
   const int64_t num_rows = int64_t(num_tokens) + (p.bonus_tokens ? 0 : p.batch);
   const unsigned requests = unsigned(ceil_div(p.batch, kVerifyWalkWarps));
   verify_tiles_kernel<T, kVerifyThreads>
-      <<<dim3(unsigned(chunks), unsigned(std::min(slots, max_grid_y))), kVerifyThreads, 0, stream>>>(p, num_rows);
+      <<<dim3(unsigned(chunks), unsigned(std::max<int64_t>(1, std::min(num_rows, max_grid_y)))), kVerifyThreads, 0,
+         stream>>>(p, num_rows);
   verify_walk_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p, num_tokens);
   verify_race_kernel<T, kVerifyThreads>
       <<<dim3(unsigned(chunks), unsigned(std::min<int64_t>(p.batch, max_grid_y))), kVerifyThreads, 0, stream>>>(p);
