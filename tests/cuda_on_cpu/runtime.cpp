@@ -422,7 +422,7 @@ void warp_collective(unsigned mask, const void* value, size_t bytes, WarpCombine
 #if defined(COC_TSAN)
   __tsan_acquire(&w);
 #endif
-  std::memcpy(out, self.result.data(), out_bytes);
+  if (out_bytes) std::memcpy(out, self.result.data(), out_bytes);  // __syncwarp returns nothing
 }
 
 namespace {
