@@ -270,7 +270,7 @@ def train_drafter(
         log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
     train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
     if train_budget <= elapsed:
-        log("no training time left in the budget; exporting")
+        log("no training time left in the budget: one step, then export")
     log(
         f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
         f"training {(train_budget - elapsed) / 60:.1f} min"
@@ -307,9 +307,12 @@ def train_drafter(
         )
         os.replace(tmp, ckpt_path)
 
-    while elapsed < train_budget:
+    # At least one step per run, even when the setup spent the budget (a loaded machine): every
+    # session makes progress, and a resumed run's step count always grows.
+    first_step = step
+    while elapsed < train_budget or step == first_step:
         t0 = time.time()
-        lr = lr_at(elapsed / train_budget, a)
+        lr = lr_at(min(1.0, elapsed / train_budget) if train_budget > 0 else 1.0, a)
         for grp in opt.param_groups:
             grp["lr"] = lr
         idx = torch.randint(0, N, (a.batch_size,), generator=gen)
