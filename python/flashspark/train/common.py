@@ -331,7 +331,7 @@ def train_drafter(
         ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in stats.items()}
         bar.update(max(0, min(round(elapsed), bar.total) - bar.n))
         bar.set_postfix(step=step, lr=f"{lr:.1e}", **{k: f"{v:.3f}" for k, v in ema.items()}, refresh=False)
-        if elapsed >= next_eval:
+        if elapsed >= next_eval or elapsed >= train_budget:  # the last step too: history ends with it
             ev = eval_fn(drafter)
             drafter.train()
             rec = {
