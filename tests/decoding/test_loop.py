@@ -221,6 +221,8 @@ def test_cli_glue_parses_and_generates(capsys, tmp_path):
     ):
         gen.add_argument(flag, default=default, type=type(default) if default is not None else None)
     gen.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True)
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None)
+    gen.add_argument("--dtype", default=None)
     spec_cli.add_generate_spec_args(gen)
     drafter_dir = SHIPPED_DFLASH
     if not HAVE_DFLASH:  # a random drafter for the shipped target

@@ -328,9 +328,12 @@ def test_train_subcommands_parse():
     args = parser.parse_args(["target", "--layers", "3", "--hidden-size", "64", "--eval-every", "2", "--export", "e"])
     a = cli.train_args(args)
     assert (a.num_hidden_layers, a.hidden_size, a.eval_every_min, a.export, a.bf16) == (3, 64, 2.0, "e", True)
-    args = parser.parse_args(["dflash", "--no-init-layers", "--target", "t", "--gen-frac", "0.5"])
+    args = parser.parse_args(["dflash", "--no-init-layers", "--target", "tiny", "--gen-frac", "0.5"])
     a = cli.train_args(args)
-    assert (a.init_layers, a.target, a.gen_frac, a.out, a.command) == (False, "t", 0.5, "runs/dflash", "")
+    assert (a.init_layers, a.target, a.gen_frac, a.out, a.command) == (False, "tiny", 0.5, "runs/dflash", "")
+    # a --target naming neither a known target nor an existing path fails at parse time
+    with pytest.raises(FileNotFoundError, match="not found"):
+        cli.train_args(parser.parse_args(["dflash", "--target", "no/such/model"]))
 
 
 def test_position_weights_and_block_targets():

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import data
+from ..models import catalog
 
 
 class ArgParser(argparse.ArgumentParser):
@@ -54,6 +55,14 @@ RANGES = {
     "top_p": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "minutes": _FINITE_POSITIVE,
     "lr": _FINITE_POSITIVE,
+    # train data and the drafter trainers on its data
+    "max_tokens": _at_least(0),
+    "max_prompts": _at_least(0),
+    "max_prompt_tokens": _at_least(1),
+    "top_k": _at_least(1),
+    "window": _at_least(2),
+    "intermediate_size": _at_least(1),
+    "head_negatives": _at_least(0),
 }
 
 
@@ -116,16 +125,19 @@ def read_prompts(args) -> list[str]:
     return prompts
 
 
-def load_tokenizer(path: str | None):
-    """The shipped tokenizer, or --tokenizer's, checked before any model loads: a file the
-    tokenizers library cannot read (it raises a bare Exception) or one without the special
-    tokens is a bad --tokenizer."""
+def load_tokenizer(path: str | None, target: catalog.TargetRef | None = None):
+    """--tokenizer's tokenizer, else the target's (`catalog.target_tokenizer`; default: the
+    shipped one), checked before any model loads: a file the tokenizers library cannot read (it
+    raises a bare Exception) is a bad --tokenizer, and so is one without the special tokens the
+    tiny target's pipeline uses (<|endoftext|>, <|mask|>)."""
 
+    tiny = target is None or (target.known is not None and target.known.name == catalog.DEFAULT_TARGET)
     if path is None:
-        return data.load_tokenizer()
+        return data.load_tokenizer() if target is None else catalog.target_tokenizer(target)
     try:
         tok = data.load_tokenizer(path)
-        data.special_token_ids(tok)
+        if tiny:
+            data.special_token_ids(tok)
     except FileNotFoundError as e:
         raise ValueError(f"--tokenizer: {e}") from None
     except Exception as e:  # whatever the library raises, the file is at fault

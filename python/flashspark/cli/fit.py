@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from .. import data
 from ..methods import PRIOR_FILE, PROXY_FILES, load_proxy, make_decoder
-from ..models import load_model
+from ..models import catalog
 from ..scheduling.calibration import calibration_report, prefix_survival
 from ..scheduling.confidence import ConfidenceStats
 from ..scheduling.proxy import ConfidenceProxy
@@ -32,7 +32,11 @@ def add_fit_proxy(sub) -> None:
 
 def add_calibration_run_args(p, temperatures_help: str) -> None:
     """Options of a run over the calibration prompts (fit-proxy, fit-prior)."""
-    p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"target: {' or '.join(catalog.TARGETS)} (default tiny) or a path; its drafter is the default",
+    )
     p.add_argument("--prompts", type=int, default=64, help="calibration prompts per task (default %(default)s)")
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -58,15 +62,39 @@ def add_fit_prior(sub) -> None:
     p.set_defaults(func=run_fit_prior)
 
 
-def calibration_prompts(per_task: int, prompt_tokens: int) -> list[list[int]]:
-    """The calibration prompt set of every task (see `data.heldout_prompts`)."""
+def calibration_prompts(per_task: int, prompt_tokens: int, target: catalog.TargetRef | None = None) -> list[list[int]]:
+    """The calibration prompts: for the tiny target, `prompt_tokens`-token windows of every task
+    (see `data.heldout_prompts`); for a target with a chat template, the first `per_task` chat,
+    code and prose prompts of the calibration split (`data.prompt_set`), chat ones through the
+    template, as the drafters' data was made."""
 
-    tok = data.load_tokenizer()
-    return [
-        p
-        for task in data.TASKS
-        for p in data.heldout_prompts(task, per_task, prompt_tokens, tok, prompt_set="calibration")
-    ]
+    if target is None or target.known is catalog.TARGETS[catalog.DEFAULT_TARGET]:
+        tok = data.load_tokenizer()
+        return [
+            p
+            for task in data.TASKS
+            for p in data.heldout_prompts(task, per_task, prompt_tokens, tok, prompt_set="calibration")
+        ]
+    tok = catalog.target_tokenizer(target)
+    chat = catalog.target_chat_template(target)
+    kinds = data.PROMPT_KINDS if chat is not None else ("code", "prose")
+    texts = [data.render_prompt(p, chat) for k in kinds for p in data.prompt_set("calibration", k, per_task)]
+    return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def fit_setup(args, method: str, drafter_dir: str | None):
+    """The target, its `method` drafter's directory (--drafter, else the one shipped for it), a
+    decoder for the method, the calibration prompts and where requests stop."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ref = catalog.resolve_target(args.model)
+    directory = Path(drafter_dir) if drafter_dir else catalog.drafter_dir(method, ref)
+    prompts = calibration_prompts(args.prompts, args.prompt_tokens, ref)
+    target = catalog.load_target(ref)
+    # The tiny target's shipped fits decoded without a stop token; an instruct target stops at its EOS.
+    tiny = ref.known is catalog.TARGETS[catalog.DEFAULT_TARGET]
+    eos = None if tiny else catalog.eos_token_id(target, catalog.target_tokenizer(ref))
+    return target, directory, make_decoder(method, target, drafter_dir=directory), prompts, eos
 
 
 def run_fit_prior(args) -> int:
@@ -74,12 +102,7 @@ def run_fit_prior(args) -> int:
     is seen) and keep, per temperature, the confidence stats a scheduler starts from: mean predicted
     prefix survival and predicted against observed survival (`ConfidenceStats`)."""
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    drafter_dir = Path(args.drafter_dir) if args.drafter_dir else data.ASSETS_DIR / args.drafter
-    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=torch.float32)
-    decode = make_decoder(args.drafter, target, drafter_dir=drafter_dir)
-    prompts = calibration_prompts(args.prompts, args.prompt_tokens)
+    target, drafter_dir, decode, prompts, eos = fit_setup(args, args.drafter, args.drafter_dir)
     report = {
         "command": getattr(args, "command_line", ""),
         "prompts": len(prompts),
@@ -88,7 +111,7 @@ def run_fit_prior(args) -> int:
         "temperatures": {},
     }
     for t in args.temperatures:
-        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size)
+        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size, eos_id=eos)
         conf = rec["confidence"] if args.drafter == "dspark" else load_proxy(drafter_dir, t)(rec["signals"])
         survival = prefix_survival(conf.double())
         stats = ConfidenceStats(survival.shape[1])
@@ -111,14 +134,25 @@ def run_fit_prior(args) -> int:
 
 
 def collect_records(
-    decode, prompts: list[list[int]], max_new_tokens: int, temperature: float, batch_size: int, seed: int = 0
+    decode,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    seed: int = 0,
+    eos_id: int | None = None,
 ) -> dict:
-    """Per request-step confidences / signals and verify outcomes of `decode` over `prompts`."""
+    """Per request-step confidences / signals, the drafter's top-2 margins and verify outcomes of
+    `decode` over `prompts`, in decode order; "step" numbers the loop steps across batches."""
 
-    parts = []
+    parts, steps_before = [], 0
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"verify outcomes T={temperature:g}", leave=False):
-        _, st = decode(prompts[i : i + batch_size], max_new_tokens, temperature, seed + i, record=True)
-        parts.append(st["records"])
+        _, st = decode(prompts[i : i + batch_size], max_new_tokens, temperature, seed + i, eos_id=eos_id, record=True)
+        rec = dict(st["records"])
+        if rec.get("step") is not None:  # batches run one after another: later steps, later ids
+            rec["step"] = rec["step"] + steps_before
+        steps_before += st["iterations"]
+        parts.append(rec)
 
     return {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -127,13 +161,8 @@ def run_fit_proxy(args) -> int:
     """Fit one proxy per temperature with fixed K = γ - 1 (every draft verified, so every
     outcome is seen), report ECE / AUC before (raw selector probability) and after."""
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    drafter_dir = Path(args.drafter) if args.drafter else data.ASSETS_DIR / "dflash2"
-    target = load_model(args.model or data.ASSETS_DIR / "target", dtype=torch.float32)
-    decode = make_decoder("dflash2", target, drafter_dir=drafter_dir)
+    target, drafter_dir, decode, prompts, eos = fit_setup(args, "dflash2", args.drafter)
     width = decode.drafter.block_size - 1
-    prompts = calibration_prompts(args.prompts, args.prompt_tokens)
     report = {
         "command": getattr(args, "command_line", ""),
         "prompts": len(prompts),
@@ -143,7 +172,7 @@ def run_fit_proxy(args) -> int:
     }
     for t in args.temperatures:
         key = min(PROXY_FILES, key=lambda x: abs(x - t))
-        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size)
+        rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size, eos_id=eos)
         signals, n_acc, n_ver = rec["signals"], rec["num_accepted"], rec["num_verified"]
         before = calibration_report(signals[..., 0], n_acc, n_ver)
         proxy = ConfidenceProxy(width)

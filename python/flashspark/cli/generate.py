@@ -1,5 +1,11 @@
 """`python -m flashspark generate`: plain decoding (`--method ar`) and speculative decoding
-(`--method dflash|dflash2|dspark`)."""
+(`--method dflash|dflash2|dspark`), on the tiny shipped target (default), SmolLM2
+(`--model smollm2`) or any GGUF file or Hugging Face directory (`--model PATH`).
+
+Prompts go through the model's chat template when it has one (SmolLM2-Instruct does; the
+tiny target and base models do not): an instruct model answers a bare continuation
+poorly, and a model without a template has nothing to apply. `--no-chat` continues the raw
+text instead (code completion on an instruct model); `--chat` insists on a template."""
 
 from __future__ import annotations
 
@@ -10,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .. import data
-from ..decoding.plain import encode_prompts, generate, generate_text
+from ..decoding.plain import encode_prompts, generate
 from ..methods import DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
-from ..models import load_model
+from ..models import catalog
 from ..models.dflash2 import PATH_MODES
 from .common import load_tokenizer, read_prompts
 
@@ -27,8 +32,25 @@ def add_generate(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text; \\n, \\t and \\\\ stand for newline, tab, backslash")
     src.add_argument("--prompts-file", help="file with one prompt per line, same escapes as --prompt")
-    p.add_argument("--model", default=None, help="target model directory (default: the shipped one)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the shipped one)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"target: {' or '.join(catalog.TARGETS)} (default {catalog.DEFAULT_TARGET}: the shipped one), "
+        "or a path to a GGUF file or a Hugging Face model directory",
+    )
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the model's own)")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="render each prompt as a user turn of the model's chat template (default: when the model has one)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="target dtype (default on a CPU: bfloat16 for smollm2, float32 otherwise)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -40,42 +62,68 @@ def add_generate(sub) -> None:
         "--stop-at-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="stop a request at <|endoftext|> (default on)",
+        help="stop a request at the model's end-of-sequence token (default on)",
     )
 
     add_generate_spec_args(p)
     p.set_defaults(func=run_generate)
 
 
-def load_run(args):
-    """The prompts, tokenizer and target model `generate` runs on (threads set first)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    prompts = read_prompts(args)
-    tok = load_tokenizer(args.tokenizer)
-    dtype = torch.float32 if args.device == "cpu" else None
-    return prompts, tok, load_model(args.model or data.ASSETS_DIR / "target", dtype=dtype, device=args.device)
+class Run:
+    """What `generate` decodes, resolved before any model loads: the target, the prompts as
+    given and as the model reads them (through the chat template or raw), the tokenizer."""
+
+    def __init__(self, args):
+        self.target = catalog.resolve_target(args.model)
+        self.prompts = read_prompts(args)
+        self.tokenizer = load_tokenizer(args.tokenizer, self.target)
+        self.chat = chat_template_for(args, self.target)
+        self.texts = [self.chat.user(p) for p in self.prompts] if self.chat else self.prompts
+        self.ids = encode_prompts(self.tokenizer, self.texts)
+
+    def load_model(self, args):
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        dtype = getattr(torch, args.dtype) if args.dtype else None
+        model = catalog.load_target(self.target, dtype=dtype, device=args.device)
+        eos = catalog.eos_token_id(model, self.tokenizer) if args.stop_at_eos else None
+        return model, eos
+
+    def show(self, outputs: list[list[int]], eos: int | None) -> None:
+        """Each prompt and its continuation (chat: the user's turn, then the reply) on stdout."""
+        for i, (prompt, out) in enumerate(zip(self.prompts, outputs)):
+            if len(self.prompts) > 1:
+                print(f"===== prompt {i} =====")
+            text = self.tokenizer.decode([t for t in out if t != eos])
+            print(f"[user] {prompt}\n[assistant] {text}" if self.chat else prompt + text)
+
+
+def chat_template_for(args, target: catalog.TargetRef):
+    """--chat: the model's template, an error without one; --no-chat: none; neither: the model's, if any."""
+    if args.chat is False:
+        return None
+    template = catalog.target_chat_template(target)
+    if template is None and args.chat:
+        raise ValueError(f"--chat: the model {target.label} has no chat template")
+    return template
 
 
 def run_generate(args) -> int:
     if args.method != "ar":
         return run_generate_spec(args, args.method)
-    prompts, tok, model = load_run(args)
-    texts, stats = generate_text(
+    run = Run(args)
+    model, eos = run.load_model(args)
+    outputs, stats = generate(
         model,
-        tok,
-        prompts,
+        run.ids,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        eos_id=eos,
         batch_size=args.batch_size,
-        stop_at_eos=args.stop_at_eos,
     )
-    for i, (prompt, text) in enumerate(zip(prompts, texts)):
-        if len(prompts) > 1:
-            print(f"===== prompt {i} =====")
-        print(prompt + text)
+    run.show(outputs, eos)
     print(
         f"\n[{args.method}] {stats['new_tokens']} new tokens in {stats['seconds']:.2f} s: "
         f"{stats['tokens_per_s']:.1f} tokens/s (prefill {stats['prefill_seconds']:.2f} s, "
@@ -94,7 +142,9 @@ def add_generate_spec_args(p) -> None:
         help="draft tokens verified per step (fixed scheduler), or their bound (confidence "
         "scheduler); default: block size - 1",
     )
-    p.add_argument("--drafter", default=None, help="drafter directory (default: the shipped one for --method)")
+    p.add_argument(
+        "--drafter", default=None, help="drafter directory (default: the one shipped for --model and --method)"
+    )
     p.add_argument(
         "--scheduler",
         choices=SCHEDULERS,
@@ -114,9 +164,10 @@ def add_generate_spec_args(p) -> None:
     )
 
 
-def check_generate_spec_args(args, method: str) -> None:
+def check_generate_spec_args(args, method: str, target: catalog.TargetRef) -> None:
     """What a speculative method adds to `flashspark.cli.check_args`, before anything loads:
-    --top-p, and --k against the drafter's block size (from its config.json)."""
+    --top-p, the drafter (--drafter, else the one shipped for the target: missing, it names
+    the commands that train it), and --k against its block size (from its config.json)."""
 
     if method not in SPEC_METHODS:
         raise ValueError(f"unknown speculative method {method!r}; expected one of {SPEC_METHODS}")
@@ -125,7 +176,16 @@ def check_generate_spec_args(args, method: str) -> None:
             "--top-p is not supported by speculative decoding (lossless for the plain "
             "temperature distribution only); use --method ar"
         )
-    gamma = drafter_block_size(Path(args.drafter) if args.drafter else data.ASSETS_DIR / method)
+    if args.drafter:
+        path = Path(args.drafter)
+    else:
+        path = catalog.drafter_dir(method, target)
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"no {method} drafter for {target.label} at {path} (drafters fit one target only): train it "
+                f"with `{catalog.train_hint(method, target.known)}`, or pass --drafter DIR"
+            )
+    gamma = drafter_block_size(path)
     if args.k is not None and gamma is not None and not 1 <= args.k <= gamma - 1:
         raise ValueError(f"--k must be in [1, {gamma - 1}] (the {method} drafter's block size - 1), got {args.k}")
 
@@ -144,12 +204,12 @@ def run_generate_spec(args, method: str) -> int:
     """Decode the prompts with `method` and with plain decoding, print the
     texts, then tau, tokens/s and the speedup over plain decoding (stderr)."""
 
-    check_generate_spec_args(args, method)
-    prompts, tok, target = load_run(args)
+    run = Run(args)
+    check_generate_spec_args(args, method, run.target)
+    target, eos = run.load_model(args)
     spec = MethodSpec(method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay)
     decode = make_decoder(spec, target, drafter_dir=args.drafter)
-    eos = data.special_token_ids(tok)["eot"] if args.stop_at_eos else None
-    ids = encode_prompts(tok, prompts)
+    ids = run.ids
     batch = args.batch_size or len(ids)
     chunks = [ids[i : i + batch] for i in range(0, len(ids), batch)]
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, eos_id=eos)
@@ -164,10 +224,7 @@ def run_generate_spec(args, method: str) -> int:
         spec_stats.append(st)
     ar_out, ar_stats = generate(target, ids, top_p=1.0, batch_size=batch, **common)
 
-    for i, (prompt, out) in enumerate(zip(prompts, spec_out)):
-        if len(prompts) > 1:
-            print(f"===== prompt {i} =====")
-        print(prompt + tok.decode([t for t in out if t != eos]))
+    run.show(spec_out, eos)
     new = sum(s["new_tokens"] for s in spec_stats)
     secs = sum(s["seconds"] for s in spec_stats)
     steps = sum(s["steps"] for s in spec_stats)

@@ -1,11 +1,21 @@
-"""`python -m flashspark train target|dflash|dflash2|dspark`: each trainer's options, parsed
-straight into its args dataclass (every option's dest is the field it sets)."""
+"""`python -m flashspark train target|data|dflash|dflash2|dspark`: each trainer's options, parsed
+straight into its args dataclass (every option's dest is the field it sets).
+
+`--target` names the drafters' target (`models.catalog`: tiny, the default, or smollm2) or a
+path. For a known target other than tiny the run's defaults follow it: `--out
+runs/<target>/<what>`, `--export` its drafter directory (`assets/<target>/<what>`, never the
+tiny target's), the data of `train data` in `runs/<target>/data` (held-out and calibration sets
+beside it), and DFlash 2 and DSpark trained on top of its DFlash backbone (`--share-backbone`).
+For a target given by path, --export must be given."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from pathlib import Path
 
+from ..models import catalog
 from ..train.common import DFlashTrainArgs, RunArgs
 from ..train.dflash import train as train_dflash
 from ..train.dflash2 import DFlash2TrainArgs
@@ -14,11 +24,14 @@ from ..train.dspark import DSparkTrainArgs
 from ..train.dspark import train as train_dspark
 from ..train.target import TrainArgs
 from ..train.target import train as train_target
+from ..train.target_data import DataArgs, generate_data
 
 
 def add_run_options(p, d: RunArgs, what: str) -> None:
     """The options of every trainer, with the defaults of its args dataclass `d`."""
-    p.add_argument("--out", default=d.out, help=f"run directory: {what} (default %(default)s)")
+    p.add_argument(
+        "--out", default=None, help=f"run directory: {what} (default {d.out}, runs/<target>/... for a --target)"
+    )
     p.add_argument("--export", default=None, help="where the final weights go (default: the package assets)")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget of the run (default %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt (and OUT's data)")
@@ -39,8 +52,16 @@ def add_run_options(p, d: RunArgs, what: str) -> None:
 def add_drafter_options(p, d: DFlashTrainArgs) -> None:
     """The options of every drafter trainer (the DFlash backbone's)."""
     add_run_options(p, d, "generated data, checkpoint, metrics")
-    p.add_argument("--target", default=None, help="target model directory (default: the shipped one)")
-    p.add_argument("--data-from", default=d.data_from, help="reuse the generated data of this run directory")
+    p.add_argument(
+        "--target", default=None, help=f"target: {' or '.join(catalog.TARGETS)} (default tiny) or a model path"
+    )
+    p.add_argument(
+        "--data-from", default=None, help="reuse the generated data of this run directory or `train data` directory"
+    )
+    p.add_argument("--eval-from", default=None, help="held-out continuations: a `train data --split heldout` directory")
+    p.add_argument("--window", type=int, default=d.window, help="longest sequence read from a `train data` directory")
+    p.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: the target's)")
+    p.add_argument("--mask-token", default=None, help="the drafter's mask token (default: the target's)")
     p.add_argument(
         "--gen-frac",
         type=float,
@@ -71,11 +92,30 @@ def add_dflash_options(p, d: DFlashTrainArgs) -> None:
         default=d.init_layers,
         help="start the drafter layers from the target's top layers",
     )
+    p.add_argument(
+        "--head-negatives",
+        type=int,
+        default=d.head_negatives,
+        help="train the LM head over the target's stored Top-K of each batch plus this many uniform "
+        "random tokens (0 = the whole vocabulary; needs a `train data` directory)",
+    )
+
+
+def add_derived_options(p, d) -> None:
+    """What DFlash 2 and DSpark add to the backbone's options."""
+    add_drafter_options(p, d)
+    p.add_argument("--init-from", default=None, help="DFlash drafter directory to start the backbone from")
+    p.add_argument(
+        "--share-backbone",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="freeze --init-from's backbone, train only this drafter's parts and export only them "
+        "(default: on for a known target other than tiny)",
+    )
 
 
 def add_dflash2_options(p, d: DFlash2TrainArgs) -> None:
-    add_drafter_options(p, d)
-    p.add_argument("--init-from", default=d.init_from, help="DFlash drafter directory to start the backbone from")
+    add_derived_options(p, d)
     p.add_argument("--selector-rank", type=int, default=d.selector_rank)
     p.add_argument("--selector-topk", type=int, default=d.selector_topk)
     p.add_argument("--selector-weight", type=float, default=d.selector_weight)
@@ -83,16 +123,37 @@ def add_dflash2_options(p, d: DFlash2TrainArgs) -> None:
 
 
 def add_dspark_options(p, d: DSparkTrainArgs) -> None:
-    add_drafter_options(p, d)
-    p.add_argument("--init-from", default=d.init_from, help="DFlash drafter directory to start the backbone from")
+    add_derived_options(p, d)
     p.add_argument("--markov-rank", type=int, default=d.markov_rank)
     p.add_argument("--target-topk", type=int, default=d.target_topk)
     p.add_argument("--calib-sequences", type=int, default=d.calib_sequences)
+    p.add_argument(
+        "--calib-from", default=None, help="calibration continuations: a `train data --split calibration` dir"
+    )
+
+
+def add_data_options(p, d: DataArgs) -> None:
+    p.add_argument("--target", default=d.target, help=f"target: {' or '.join(catalog.TARGETS)} or a model path")
+    p.add_argument("--out", default=None, help="data directory (default runs/<target>/data, or <target>/<split>)")
+    p.add_argument("--split", choices=["train", "calibration", "heldout"], default=d.split, help="prompt split")
+    p.add_argument("--minutes", type=float, default=d.minutes, help="generation time of the whole run (all sessions)")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="stop at this many stored tokens (0: none)")
+    p.add_argument("--resume", action="store_true", help="continue the data in --out")
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per batch (default %(default)s)")
+    p.add_argument("--kinds", default=d.kinds, help="prompt kinds and shares (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
+    p.add_argument("--max-prompts", type=int, default=d.max_prompts, help="prompts per kind (0: all)")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy continuations")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="the target's Top-K kept per position")
 
 
 # name: (args dataclass, its options, the trainer, help). A new trainer is one line here.
 TRAINERS = {
     "target": (TrainArgs, add_target_options, train_target, "train the tokenizer (if absent) and the target model"),
+    "data": (DataArgs, add_data_options, generate_data, "generate a target's own continuations for its drafters"),
     "dflash": (DFlashTrainArgs, add_dflash_options, train_dflash, "distil the DFlash drafter from the target"),
     "dflash2": (
         DFlash2TrainArgs,
@@ -124,7 +185,41 @@ def train_args(args) -> RunArgs:
     given = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name != "command" and hasattr(args, f.name)
     }
-    return cls(**{k: v for k, v in given.items() if v is not None}, command=getattr(args, "command_line", ""))
+    given = {k: v for k, v in given.items() if v is not None}
+    given |= target_defaults(args.trainer, given)
+    return cls(**given, command=getattr(args, "command_line", ""))
+
+
+def target_defaults(trainer: str, given: dict) -> dict:
+    """The defaults that follow --target (module docstring) for the options not given."""
+    if trainer == "target" or "target" not in given:
+        return {}
+    ref = catalog.resolve_target(given["target"])
+    known = ref.known
+    if trainer == "data":
+        if known is None and "out" not in given:
+            raise ValueError("--out must be given for a target given by path")
+        name = known.name if known else ""
+        split = given.get("split", "train")
+        return {} if "out" in given else {"out": f"runs/{name}/data" + ("" if split == "train" else f"_{split}")}
+    if known is None or known.name == catalog.DEFAULT_TARGET:
+        if known is None and "export" not in given:
+            raise ValueError("--export must be given for a target given by path (no drafter ships for it)")
+        return {}
+    runs = Path("runs") / known.name
+    out = {
+        "out": str(runs / trainer),
+        # Relative to the working directory: run facts and model cards name them as the command would.
+        "export": os.path.relpath(catalog.drafter_dir(trainer, known)),
+        "data_from": str(runs / "data"),
+        "eval_from": str(runs / "data_heldout"),
+    }
+    if trainer == "dspark":
+        out["calib_from"] = str(runs / "data_calibration")
+    if trainer in ("dflash2", "dspark"):
+        out["init_from"] = os.path.relpath(catalog.drafter_dir("dflash", known))
+        out["share_backbone"] = True
+    return {k: v for k, v in out.items() if k not in given}
 
 
 def run_train(args) -> int:

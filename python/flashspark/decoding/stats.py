@@ -48,7 +48,7 @@ class LoopStats:
         self.iterations += 1
         self.plain_steps += not drafted
         if self.record and drafted:
-            self.records.append(_record(block, n_acc, k_b, live))
+            self.records.append(_record(block, n_acc, k_b, live, self.iterations - 1))
         if block.cand_ids is not None:
             self.recall += _recall(block.cand_ids, vtokens, n_acc, live)
         ar = self.draft_positions
@@ -92,7 +92,7 @@ class LoopStats:
         if self.record:
             stats["records"] = {
                 k: torch.cat([r[k] for r in self.records]) if self.records and self.records[0][k] is not None else None
-                for k in ("confidence", "signals", "num_accepted", "num_verified")
+                for k in ("confidence", "signals", "num_accepted", "num_verified", "top2_margin", "step")
             }
         return stats
 
@@ -109,8 +109,9 @@ def _recall(cand_ids, vtokens, n_acc, live) -> torch.Tensor:
     return torch.stack([known.sum(), top1.sum(), topk.sum()]).cpu()
 
 
-def _record(block, n_acc, k_b, live) -> dict:
-    """The live requests' confidences / signals and outcomes of one step, on the CPU."""
+def _record(block, n_acc, k_b, live, step: int) -> dict:
+    """The live requests' confidences / signals and outcomes of one step, on the CPU, with the
+    drafter's top-2 margins and the loop iteration (online scorers replay records step by step)."""
     rows = live.nonzero()[:, 0]
 
     def pick(x):
@@ -121,4 +122,6 @@ def _record(block, n_acc, k_b, live) -> dict:
         "signals": pick(block.signals),
         "num_accepted": n_acc[rows].cpu(),
         "num_verified": k_b[rows].cpu(),
+        "top2_margin": pick(block.top2_margin),
+        "step": torch.full((rows.numel(),), step, dtype=torch.int64),
     }

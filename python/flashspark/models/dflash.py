@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -71,6 +72,10 @@ class DFlashConfig(DecoderConfig):
     block_size: int = 8  # gamma
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     mask_token_id: int = 1
+    # A DFlash drafter directory, relative to this one, whose weights are this drafter's backbone
+    # (DFlash 2 and DSpark drafters trained on top of one shared backbone): this drafter's own
+    # file then holds only what it adds. "" = its file holds everything.
+    backbone: str = ""
     architectures: list[str] = field(default_factory=lambda: ["DFlashDraftModel"])
     model_type: str = "dflash"
 
@@ -94,11 +99,16 @@ class DFlashConfig(DecoderConfig):
         block_size: int = 8,
         mask_token_id: int = 1,
         num_features: int = 5,
+        intermediate_size: int | None = None,
         **kw,
     ) -> "DFlashConfig":
-        """A drafter with the target's widths and feature layers."""
+        """A drafter with the target's widths (its MLP narrower when `intermediate_size` says)
+        and feature layers."""
+        shared = target.drafter_shared()
+        if intermediate_size:
+            shared["intermediate_size"] = intermediate_size
         return cls(
-            **target.drafter_shared(),
+            **shared,
             num_hidden_layers=num_hidden_layers,
             block_size=block_size,
             mask_token_id=mask_token_id,
@@ -414,12 +424,23 @@ def packed_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, 
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """config.json + model.safetensors holding only the drafter's own weights."""
+def save_dflash(
+    drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, backbone: str | Path | None = None
+) -> None:
+    """config.json + model.safetensors holding only the drafter's own weights; with `backbone`
+    (a DFlash drafter directory holding this drafter's backbone, e.g. the one it was trained on
+    top of), only the tensors the backbone lacks, the backbone named relative to `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
-    cfg = dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch."))
+    cfg = dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch."), backbone="")
+    if backbone is not None:
+        shared = load_file(str(Path(backbone) / WEIGHTS_NAME))
+        for n, t in shared.items():
+            if n not in state or not torch.equal(state[n], t.to(dtype)):
+                raise ValueError(f"the backbone {backbone} does not hold this drafter's {n}: it was not trained on it")
+        state = {n: t for n, t in state.items() if n not in shared}
+        cfg.backbone = os.path.relpath(Path(backbone).resolve(), path.resolve())
     cfg.save(path / "config.json")
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
 
@@ -437,7 +458,13 @@ def load_drafter(
     if not weights.is_file():
         raise FileNotFoundError(f"drafter weights {weights} not found")
     drafter = drafter_cls(config, use_ops=use_ops)
-    state = load_file(str(weights))
+    state = {}
+    if config.backbone:
+        shared = path / config.backbone / WEIGHTS_NAME
+        if not shared.is_file():
+            raise FileNotFoundError(f"drafter {path} is trained on the backbone {path / config.backbone}, not found")
+        state = load_file(str(shared))
+    state.update(load_file(str(weights)))
     want = drafter.state_dict()
     missing = sorted(set(want) - set(state))
     if missing:

@@ -180,6 +180,7 @@ class PathSignals(NamedTuple):
     unary_top1: torch.Tensor  # the backbone's top-1 probability at the position
     entropy: torch.Tensor  # entropy (nats) of softmax(score row) over the K candidates
     position: torch.Tensor  # block position k = 1 .. γ - 1 (int64)
+    unary_margin: torch.Tensor  # the backbone's top-1 minus top-2 log-prob (+inf with K = 1; not a proxy signal)
 
     def features(self) -> torch.Tensor:
         """[B, γ - 1, 4] float32: chosen_prob, margin, unary_top1, entropy (the order of
@@ -197,8 +198,15 @@ def path_signals(scores: torch.Tensor, choice: torch.Tensor, unary: torch.Tensor
     margin = chosen - others.max(-1).values if scores.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
     B, P = choice.shape[:2]
     position = torch.arange(1, P + 1, device=scores.device).expand(B, P)
+    # unary is sorted, best first: its top-2 gap is the backbone's margin, free here.
+    unary_margin = unary[..., 0] - unary[..., 1] if unary.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
     return PathSignals(
-        logp.gather(-1, choice)[..., 0].exp(), margin, unary[..., 0].exp(), -(logp.exp() * logp).sum(-1), position
+        logp.gather(-1, choice)[..., 0].exp(),
+        margin,
+        unary[..., 0].exp(),
+        -(logp.exp() * logp).sum(-1),
+        position,
+        unary_margin.float(),
     )
 
 
@@ -289,6 +297,7 @@ class DFlash2Drafter(DFlashDrafter):
             cand_ids if q is not None else None,
             signals=None if sig is None else sig.features(),
             cand_ids=cand_ids,
+            top2_margin=None if sig is None else sig.unary_margin,
         )
 
     def select_paths(
@@ -361,9 +370,12 @@ class DFlash2Drafter(DFlashDrafter):
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """config.json + model.safetensors (the drafter's own weights: backbone, convs, selector)."""
-    save_dflash(drafter, path, dtype)
+def save_dflash2(
+    drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, backbone: str | Path | None = None
+) -> None:
+    """config.json + model.safetensors (the drafter's own weights: backbone, convs, selector;
+    with `backbone`, a DFlash directory holding the backbone, the convs and selector only)."""
+    save_dflash(drafter, path, dtype, backbone)
 
 
 def load_dflash2(

@@ -22,3 +22,13 @@ class DraftBlock(NamedTuple):
     confidence: torch.Tensor | None = None  # [B, γ-1] DSpark's calibrated per-token survival
     signals: torch.Tensor | None = None  # [B, γ-1, 4] DFlash 2 path-selector signals (scheduling.proxy.SIGNALS)
     cand_ids: torch.Tensor | None = None  # [B, γ-1, K] DFlash 2 Top-K candidates, best first
+    top2_margin: torch.Tensor | None = None  # [B, γ-1] drafter's top-1 minus top-2 log-prob (with signals)
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits -> [...] fp32 top-1 minus top-2 (equal in logits and log-probs: the
+    normalizer cancels); +inf for a single entry. `scheduling.margin` reads it."""
+    if logits.shape[-1] < 2:
+        return torch.full(logits.shape[:-1], float("inf"), device=logits.device)
+    top = logits.float().topk(2, -1).values
+    return top[..., 0] - top[..., 1]

@@ -29,7 +29,7 @@ from torch import nn
 from .. import ops, reference
 from .decoder import DecoderForCausalLM
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
-from .drafter import DraftBlock
+from .drafter import DraftBlock, top2_margin
 
 CALIBRATION_NAME = "calibration.json"
 
@@ -90,10 +90,17 @@ class DSparkDrafter(DFlashDrafter):
     @torch.no_grad()
     def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
         """Draft a block with the Markov head's serial chain: q dense when any request samples
-        (one-hot drafts otherwise), and the calibrated confidences. `path` and `signals` are
-        DFlash 2's and ignored here."""
-        tokens, q, conf = self.draft_markov(cache, anchor, ctx_lens, temperature, seeds, offsets)
-        return DraftBlock(tokens, q if bool((temperature > 0).any()) else None, confidence=conf)
+        (one-hot drafts otherwise), and the calibrated confidences. `path` is DFlash 2's and
+        ignored here; `signals` adds the top-2 margin of the Markov logits along the drafted
+        chain (one more V-wide pass per block, so only when asked: records, margin baselines)."""
+        hidden = self.draft_hidden(cache, anchor, ctx_lens)[:, 1:]
+        base = self.logits(hidden)
+        tokens, q, conf = self._markov_chain(hidden, base, anchor, temperature, seeds, offsets)
+        margin = None
+        if signals:
+            prev = torch.cat([anchor[:, None].long(), tokens[:, :-1]], 1)
+            margin = top2_margin(base.float() + F.linear(self.markov_w1(prev), self.markov_w2.weight).float())
+        return DraftBlock(tokens, q if bool((temperature > 0).any()) else None, confidence=conf, top2_margin=margin)
 
     def draft_markov(
         self,
@@ -190,10 +197,15 @@ def markov_rollout(drafter: DSparkDrafter, hidden: torch.Tensor, base_logits: to
 
 # ---------------------------------------------------------------------- I/O
 def save_dspark(
-    drafter: DSparkDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, calibration: dict | None = None
+    drafter: DSparkDrafter,
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    calibration: dict | None = None,
+    backbone: str | Path | None = None,
 ) -> None:
-    """config.json + model.safetensors, and calibration.json (temperatures and their report)."""
-    save_dflash(drafter, path, dtype)
+    """config.json + model.safetensors, and calibration.json (temperatures and their report);
+    with `backbone` (a DFlash directory holding the backbone) the heads only."""
+    save_dflash(drafter, path, dtype, backbone)
     cal = dict(calibration or {})
     cal["temperatures"] = [float(x) for x in drafter.conf_temperature.tolist()]
     (Path(path) / CALIBRATION_NAME).write_text(json.dumps(cal, indent=2, sort_keys=True) + "\n")

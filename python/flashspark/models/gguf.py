@@ -15,7 +15,7 @@ tokenizer and the chat template, all from the one file.
   pre-tokenizer's splits that llama.cpp uses for tokenizer.ggml.pre, control tokens as
   special tokens and user-defined ones as added tokens, BOS / EOS added when the file says.
 * **Chat template.** tokenizer.chat_template, rendered like Hugging Face's
-  `apply_chat_template` (a sandboxed Jinja environment).
+  `apply_chat_template` (a sandboxed Jinja environment, `models.chat`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,10 @@ from typing import Any, NamedTuple
 import gguf
 import numpy as np
 import torch
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import BPE
 
+from .chat import ChatTemplate, apply_chat_template  # noqa: F401 (apply_chat_template: part of this API)
 from .config import DecoderConfig
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # general.architecture values, named as model_type
@@ -338,42 +337,17 @@ def build_tokenizer(meta: dict[str, Any]) -> GGUFTokenizer:
 # ---------------------------------------------------------------------- chat template
 
 
-def _raise(message: str):
-    raise TemplateError(message)
-
-
-def apply_chat_template(
-    template: str,
-    messages: list[dict[str, str]],
-    add_generation_prompt: bool = True,
-    bos_token: str = "",
-    eos_token: str = "",
-) -> str:
-    """The prompt text of `messages` ([{"role": ..., "content": ...}]) under a chat template,
-    rendered as Hugging Face's apply_chat_template does (trim_blocks, lstrip_blocks, a
-    sandbox; `raise_exception` available to the template)."""
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-    ):
-        raise ValueError("messages must be a list of {'role': str, 'content': str} dicts")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = _raise
-    try:
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token, eos_token=eos_token
-        )
-    except TemplateError as e:
-        raise ValueError(f"chat template failed: {e}") from None
+def chat_template(vocab: GGUFTokenizer) -> ChatTemplate | None:
+    """The file's chat template with its BOS / EOS strings; None when the file has none."""
+    if vocab.chat_template is None:
+        return None
+    names = {role: vocab.tokenizer.id_to_token(i) for role, i in vocab.special_ids.items()}
+    return ChatTemplate(vocab.chat_template, names.get("bos", ""), names.get("eos", ""))
 
 
 def chat_prompt(vocab: GGUFTokenizer, user_text: str) -> str:
     """One user turn under the file's chat template, ending where the assistant's reply starts."""
-    if vocab.chat_template is None:
+    template = chat_template(vocab)
+    if template is None:
         raise ValueError("the GGUF file has no chat template (tokenizer.chat_template)")
-    names = {role: vocab.tokenizer.id_to_token(i) for role, i in vocab.special_ids.items()}
-    return apply_chat_template(
-        vocab.chat_template,
-        [{"role": "user", "content": user_text}],
-        bos_token=names.get("bos", ""),
-        eos_token=names.get("eos", ""),
-    )
+    return template.user(user_text)

@@ -125,6 +125,8 @@ def build_model(
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.eval()
+    # The file it came from: which drafters fit it (models.catalog.target_of).
+    model.source = Path(source)
     return model.to(device) if device is not None else model
 
 

@@ -94,6 +94,27 @@ def calibration_report(
     }
 
 
+def online_confidences(model, inputs, num_accepted, num_verified, step) -> torch.Tensor:
+    """Confidences of an online model (`model(x)`, `model.observe(x, num_accepted, num_verified)`:
+    the proxy, the margin logistic) over records in their time order: per loop step (a run of
+    equal ids in `step`, non-decreasing), predict from what earlier steps taught, then observe
+    the step's own outcomes, as the loop does; no prediction sees its own outcome.
+    inputs [N, K, ...], outcomes [N], step [N] -> confidences [N, K]."""
+    if step.dim() != 1 or step.shape[0] != inputs.shape[0]:
+        raise ValueError(f"need one step id per record: step {tuple(step.shape)}, inputs {tuple(inputs.shape)}")
+    if step.numel() > 1 and bool((step[1:] < step[:-1]).any()):
+        raise ValueError("records must be in time order (non-decreasing step ids)")
+    _, counts = torch.unique_consecutive(step, return_counts=True)
+    out, start = [], 0
+    for n in counts.tolist():
+        rows = slice(start, start + n)
+        x = inputs[rows]  # one tensor for both calls: the proxy reuses its features
+        out.append(model(x))
+        model.observe(x, num_accepted[rows], num_verified[rows])
+        start += n
+    return torch.cat(out) if out else inputs.new_zeros(inputs.shape[:2])
+
+
 def plot_reliability(reports: dict[str, dict], path: str, title: str = "prefix survival reliability") -> None:
     """One line per named report: observed vs predicted prefix survival, with the diagonal."""
     import matplotlib  # lazy: 0.26 s to import, and only the calibration plots need it

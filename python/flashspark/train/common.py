@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import data
-from ..models import load_model
+from ..models import catalog
 from ..models.dflash import DFlashDrafter, block_mask, load_dflash, packed_blocks
+from .target_data import PROGRESS, TargetData, sample_row_anchors
 
 
 def lr_at(progress: float, a) -> float:
@@ -86,7 +87,16 @@ class DFlashTrainArgs(RunArgs):
     weight_decay: float = 0.01
     init_layers: bool = False  # start the decoder layers from the target's top layers
     eval_sequences: int = 64
-    data_from: str = ""  # run directory whose generated data / eval set to reuse ("" = generate)
+    data_from: str = ""  # run directory whose generated data / eval set to reuse, or a `train data` directory
+    # Held-out continuations from `train data --split heldout` ("" = held-out code prompts generated here).
+    eval_from: str = ""
+    intermediate_size: int = 0  # the drafter's MLP width (0: the target's)
+    mask_token: str = ""  # the drafter's mask token ("": the target's, models.catalog)
+    window: int = 512  # the longest sequence of a `train data` directory a step reads (its last tokens)
+    # The LM head's training vocabulary (`head_candidates`): 0 = all of it; N > 0 = the union of
+    # the target's stored Top-K at the batch's predicted positions plus N uniform random tokens
+    # (a `train data` directory only). Held-out evaluations always use the whole vocabulary.
+    head_negatives: int = 0
 
     def gamma_d(self) -> float:
         """γ_d of the position weights: --decay, else the DFlash paper's value for γ (γ/2 off its table)."""
@@ -98,13 +108,25 @@ class DerivedDrafterArgs(DFlashTrainArgs):
     """A drafter on a DFlash backbone (DFlash 2, DSpark), which may start from a trained one."""
 
     init_from: str = ""  # DFlash drafter directory to start the backbone from ("" = fresh)
+    # Keep --init-from's backbone frozen, train only what this drafter adds, and export only that,
+    # naming the backbone's directory: drafters of one target then ship one backbone.
+    share_backbone: bool = False
 
 
 def start_backbone(drafter, a: DerivedDrafterArgs, target, log) -> None:
-    """Load --init-from's DFlash backbone into `drafter` (not on --resume: the checkpoint has it)."""
-    if not a.init_from or a.resume:
+    """Load --init-from's DFlash backbone into `drafter` (not on --resume: the checkpoint has it);
+    with --share-backbone, freeze it (on --resume too)."""
+    if a.share_backbone and not a.init_from:
+        raise ValueError("--share-backbone needs --init-from (the DFlash drafter whose backbone is shared)")
+    if not a.init_from:
         return
     base = load_dflash(a.init_from, target, dtype=torch.float32, use_ops=False)
+    if a.share_backbone:
+        shared = set(base.state_dict())
+        for n, p in drafter.named_parameters():
+            p.requires_grad_(n not in shared)
+    if a.resume:
+        return
     want = drafter.config
     if base.config.block_size != want.block_size or base.config.num_hidden_layers != want.num_hidden_layers:
         raise ValueError(
@@ -236,6 +258,7 @@ class TrainedRun:
     wall_start: float  # time.time() when this session started
     sequences: int  # the data pool's size and sequence length
     seq_len: int
+    data: dict | None = None  # a `train data` directory's facts (TargetData.facts)
 
 
 def train_drafter(
@@ -249,10 +272,11 @@ def train_drafter(
     out = Path(a.out)
     ckpt_path = out / "ckpt.pt"
     budget = a.minutes * 60.0
-    N, L = pool["tokens"].shape
     g = config.block_size
-    decay_params = [p for p in drafter.parameters() if p.dim() >= 2]
-    other = [p for p in drafter.parameters() if p.dim() < 2]
+    sample, N, L = batch_sampler(pool, a, g)
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    decay_params = [p for p in trainable if p.dim() >= 2]
+    other = [p for p in trainable if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay_params, "weight_decay": a.weight_decay}, {"params": other, "weight_decay": 0.0}],
         lr=a.lr,
@@ -267,12 +291,18 @@ def train_drafter(
         opt.load_state_dict(ck["opt"])
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
         prior_wall = ck.get("wall", 0.0)
+        # The checkpoint is written when training ends, before the export: a finished session's
+        # wall time (export included) is its summary's.
+        summary = out / "summary.json"
+        if summary.is_file():
+            prior_wall = max(prior_wall, 60.0 * json.loads(summary.read_text()).get("wall_minutes", 0.0))
         log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
     train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
     if train_budget <= elapsed:
         log("no training time left in the budget: one step, then export")
     log(
-        f"{desc}: {drafter.num_parameters():,} parameters, {a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"{desc}: {drafter.num_parameters():,} parameters ({sum(p.numel() for p in trainable):,} trained), "
+        f"{a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
         f"training {(train_budget - elapsed) / 60:.1f} min"
     )
 
@@ -315,15 +345,12 @@ def train_drafter(
         lr = lr_at(min(1.0, elapsed / train_budget) if train_budget > 0 else 1.0, a)
         for grp in opt.param_groups:
             grp["lr"] = lr
-        idx = torch.randint(0, N, (a.batch_size,), generator=gen)
-        anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - g, gen)
+        batch = sample(gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss, stats = loss_fn(
-                drafter, pool["features"][idx], pool["tokens"][idx], pool["labels"][idx], anchors, idx
-            )
+            loss, stats = loss_fn(drafter, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), a.grad_clip)
+        torch.nn.utils.clip_grad_norm_(trainable, a.grad_clip)
         opt.step()
         step += 1
         elapsed += time.time() - t0
@@ -354,7 +381,41 @@ def train_drafter(
             next_ckpt = elapsed + a.ckpt_every_min * 60
     bar.close()
     save_ckpt()
-    return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L)
+    facts = pool.facts() if isinstance(pool, TargetData) else None
+    return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L, facts)
+
+
+def batch_sampler(pool, a, block_size: int):
+    """(sample(generator) -> batch, sequences, tokens per sequence) over a pool of generated data.
+
+    A batch holds features, tokens, labels and anchors [B, blocks_per_seq]; from a `TargetData`
+    directory also the target's Top-K (topk_ids, topk_logp), from an in-memory pool the rows'
+    indices (idx). Anchors of a pool lie in [min_anchor, L - γ]; of `TargetData`, in each
+    row's generated part (as in decoding, where the drafter drafts after the prompt)."""
+    if isinstance(pool, TargetData):
+        usable = torch.from_numpy(pool.usable(block_size))
+        if len(usable) == 0:
+            raise ValueError(f"{pool.dir} holds no sequence with {block_size + 1} generated tokens")
+        lengths = pool.index[usable.numpy(), 2]
+
+        def sample(gen):
+            rows = pool.rows(usable[torch.randint(0, len(usable), (a.batch_size,), generator=gen)].tolist(), a.window)
+            rows["anchors"] = sample_row_anchors(rows["start"], rows["length"], a.blocks_per_seq, block_size, gen)
+            return rows
+
+        return sample, len(usable), round(float(lengths.mean()))
+
+    N, L = pool["tokens"].shape
+
+    def sample(gen):
+        idx = torch.randint(0, N, (a.batch_size,), generator=gen)
+        anchors = sample_anchors(a.batch_size, a.blocks_per_seq, a.min_anchor, L - block_size, gen)
+        return {"features": pool["features"][idx], "tokens": pool["tokens"][idx], "labels": pool["labels"][idx]} | {
+            "anchors": anchors,
+            "idx": idx,
+        }
+
+    return sample, N, L
 
 
 def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Tensor:
@@ -374,7 +435,13 @@ def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Ten
 
 
 def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
-    """Held-out greedy continuations (as in the DFlash trainer), reused from --data-from when it fits."""
+    """Held-out greedy continuations: --eval-from's (a `train data --split heldout` directory),
+    else held-out code prompts continued here (as in the DFlash trainer), reused from
+    --data-from when it fits."""
+    if a.eval_from:
+        held = TargetData(a.eval_from)
+        held.check_for(target, layer_ids)
+        return held.eval_set(a.block_size, a.window, a.eval_sequences)
     for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
         p = d / "eval.pt"
         if p.is_file():
@@ -388,7 +455,13 @@ def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
 
 
 def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dict:
-    """Generated training data: --data-from's, else ours from a previous run (--resume), else new."""
+    """Generated training data: --data-from's (a run directory, or a `train data` directory,
+    memory-mapped), else ours from a previous run (--resume), else new."""
+    if a.data_from and (Path(a.data_from) / PROGRESS).is_file():
+        pool = TargetData(a.data_from)
+        pool.check_for(target, layer_ids)
+        log(f"reading {len(pool)} generated sequences ({pool.tokens:,} tokens) from {a.data_from}")
+        return pool
     if a.data_from:
         pool = load_pool(Path(a.data_from))
         if pool is None:
@@ -409,33 +482,98 @@ def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dic
 
 
 def setup_run(a):
-    """Common start of a drafter run: threads, out dir, log, tokenizer, frozen fp32 target."""
+    """Common start of a drafter run: threads, out dir, log, tokenizer, frozen fp32 target
+    (--target: a known target's name or a path), and the drafters' mask token id."""
     torch.set_num_threads(a.threads)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = _log_to(out)
     if a.resume and not (out / "ckpt.pt").is_file():
         raise FileNotFoundError(f"--resume given but no checkpoint {out / 'ckpt.pt'}")
-    tok = data.load_tokenizer()
-    target = load_model(a.target, dtype=torch.float32)
+    ref = catalog.resolve_target(a.target)
+    tok = catalog.target_tokenizer(ref)
+    mask_id = catalog.mask_token_id(tok, ref.known, a.mask_token or None)
+    out.mkdir(parents=True, exist_ok=True)
+    log = _log_to(out)
+    target = catalog.load_target(ref, dtype=torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
-    return out, log, tok, target
+    return out, log, tok, target, mask_id
 
 
-def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights):
-    """Weighted CE over block positions 1..gamma-1 and the top-1 hits [B, nb, gamma-1]."""
+def predicted_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, nb * (γ-1)] the positions whose labels a block predicts: anchor + 1 .. anchor + γ - 1."""
+    return (anchors[..., None] + torch.arange(1, block_size)).flatten(1)
+
+
+def head_candidates(batch: dict, anchors: torch.Tensor, block_size: int, vocab_size: int, negatives: int, gen):
+    """The sorted vocabulary the LM head is trained over for one batch: the target's Top-K at
+    every predicted position (its greedy label among them), the labels, and `negatives` tokens
+    drawn uniformly. On a 49152-token vocabulary the head over 2048 predicted positions is most
+    of a CPU training step; the target's Top-32 of a batch spans about a tenth of it and holds
+    every token the target finds plausible there, and the uniform draws (new each step) keep
+    pushing the rest down. Only the ranking of plausible tokens is learned less exactly than
+    by the full softmax, and held-out evaluations score the whole vocabulary."""
+    pos = predicted_positions(anchors, block_size)
+    ids = batch["topk_ids"].gather(1, pos[..., None].expand(-1, -1, batch["topk_ids"].shape[-1]))
+    labels = batch["labels"].gather(1, pos).clamp(min=0)
+    rand = torch.randint(0, vocab_size, (negatives,), generator=gen)
+    return torch.cat([ids.flatten(), labels.flatten(), rand]).unique()
+
+
+def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, candidates=None):
+    """Weighted CE over block positions 1..gamma-1 and the top-1 hits [B, nb, gamma-1]; with
+    `candidates` (sorted token ids holding every label, `head_candidates`) the softmax and the
+    hits are over those tokens only."""
     g = drafter.block_size
     B, nb = anchors.shape
     S = feats.shape[1]
     bt, pos = packed_blocks(tokens, anchors, g, drafter.config.mask_token_id)
     hidden = drafter(feats, bt, pos, block_mask(anchors, S, g))
     hidden = hidden.view(B, nb, g, -1)[:, :, 1:]
-    logits = drafter.logits(hidden)  # [B, nb, g-1, V] fp32
-    target = labels.gather(1, (anchors[..., None] + torch.arange(1, g)).flatten(1)).view(B, nb, g - 1)
+    target = labels.gather(1, predicted_positions(anchors, g)).view(B, nb, g - 1)
+    if candidates is None:
+        logits = drafter.logits(hidden)  # [B, nb, g-1, V] fp32
+    else:
+        w = drafter.head_weight[candidates]
+        logits = F.linear(hidden, w.to(hidden.dtype)).float()  # [B, nb, g-1, |candidates|]
+        index = torch.searchsorted(candidates, target)
+        if not torch.equal(candidates[index.clamp(max=len(candidates) - 1)], target):
+            raise ValueError("head candidates must hold every label")
+        target = index
     ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
     loss = (ce * weights).sum() / (weights.sum() * B * nb)
     return loss, logits.argmax(-1) == target
+
+
+def eval_anchors(ev: dict, prompt_tokens: int, block_size: int) -> torch.Tensor:
+    """The anchors of a held-out set: a ragged set's own per row ([B, A], `TargetData.eval_set`),
+    else [1, A] shared by the rows, every position from the first continuation token
+    (prompt_tokens) to the last whose block fits (labels up to a + γ - 1 <= S)."""
+    if "anchors" in ev:
+        return ev["anchors"]
+    S = ev["features"].shape[1]
+    return torch.arange(prompt_tokens, S + 1 - block_size + 1)[None]
+
+
+def rows_anchors(anchors: torch.Tensor, rows: slice, n: int) -> torch.Tensor:
+    """The anchors [n, A] of rows `rows` (n of them): their own, or the shared ones."""
+    return anchors[rows] if anchors.shape[0] > 1 else anchors.expand(n, -1)
+
+
+# Logits one evaluation batch may hold ([rows, anchors, γ - 1, V] fp32): 1 GiB.
+EVAL_LOGITS = 2**28
+
+
+def eval_batch(ev: dict, anchors: torch.Tensor, block_size: int, vocab_size: int, batch: int) -> int:
+    """Rows per evaluation batch: `batch`, fewer where their logits would pass EVAL_LOGITS (a
+    vocabulary of 49152 over a few hundred anchors per row)."""
+    per_row = anchors.shape[-1] * (block_size - 1) * vocab_size
+    return max(1, min(batch, EVAL_LOGITS // max(1, per_row)))
+
+
+def valid_blocks(ev: dict, rows: slice, x: torch.Tensor) -> torch.Tensor:
+    """Per-block results x [B, anchors, ...] of rows `rows` as [blocks, ...]: all of them, or of a
+    ragged set those its `valid` mask counts (each anchor of a row once)."""
+    return x[ev["valid"][rows]] if "valid" in ev else x.flatten(0, 1)
 
 
 @torch.no_grad()
@@ -450,17 +588,17 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
     was = drafter.training
     drafter.eval()
     g = drafter.block_size
-    S = ev["features"].shape[1]
-    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]  # anchor a needs labels up to a + g - 1 <= S
+    anchors = eval_anchors(ev, prompt_tokens, g)
+    batch = eval_batch(ev, anchors, g, drafter.config.vocab_size, batch)
     hits_all = []
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
-        a = anchors.expand(ev["tokens"][sl].shape[0], -1)
+        a = rows_anchors(anchors, sl, ev["tokens"][sl].shape[0])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             _, hits = block_loss(
                 drafter, ev["features"][sl].float(), ev["tokens"][sl], ev["labels"][sl], a, torch.ones(g - 1)
             )
-        hits_all.append(hits.flatten(0, 1))
+        hits_all.append(valid_blocks(ev, sl, hits))
     hits = torch.cat(hits_all).float()  # [blocks, g-1]
     drafter.train(was)
     prefix = hits.cumprod(1).mean(0)
@@ -483,6 +621,7 @@ def run_facts(a, config, target, decay: float, run: TrainedRun) -> dict:
         "history": run.history,
         "sequences": run.sequences,
         "seq_len": run.seq_len,
+        "data": run.data,
         "decay": decay,
         "hardware": hardware_string(),
         "torch": torch.__version__,
@@ -490,7 +629,65 @@ def run_facts(a, config, target, decay: float, run: TrainedRun) -> dict:
         "config": dataclasses.asdict(config),
         "target_params": target.num_parameters(),
         "target_layers": target.config.num_hidden_layers,
+        "target_name": known.name if (known := catalog.target_of(target)) else str(getattr(target, "source", "")),
+        "mask_token": _token_name(target, config.mask_token_id),
     }
+
+
+def data_description(summary: dict) -> str | None:
+    """A model card's line on a `train data` directory (None for the in-memory pools)."""
+    d = summary.get("data")
+    if not d:
+        return None
+    return (
+        f"{d['sequences']:,} continuations by the target ({d['tokens']:,} tokens, {d['generated_tokens']:,} "
+        f"of them generated, {d['generation_minutes']:.0f} min of generation) of the training prompt sets "
+        f"({d['kinds']}; chat through the chat template), greedy, up to {d['max_new_tokens']} new tokens, "
+        f"in `{d['dir']}`; labels are the target's greedy tokens, anchors in each continuation"
+    )
+
+
+def backbone_line(args: dict, parts: str) -> str:
+    """How a derived drafter's model card says its backbone was made."""
+    if not args.get("init_from"):
+        return " from scratch"
+    if args.get("share_backbone"):
+        return (
+            f" {args['init_from']}'s, frozen and shared (its weights stay in that directory: this one holds "
+            f"{parts} only)"
+        )
+    return f" started from {args['init_from']}"
+
+
+def eval_description(args: dict) -> str:
+    """Where a model card's held-out acceptance was measured (the anchors of its blocks)."""
+    if args.get("eval_from"):
+        return (
+            "48 anchors spread evenly over each of the target's continuations of up to "
+            f"{args['eval_sequences']} held-out prompts (chat, code and prose: `train data --split heldout`)"
+        )
+    return (
+        f"every position of the greedy continuations of {args['eval_sequences']} held-out code prompts "
+        f"({args['prompt_tokens']} tokens + 128 generated)"
+    )
+
+
+def _token_name(target, token_id: int) -> str:
+    """The mask token's text, for model cards (escaped for a Markdown table)."""
+    source, name = getattr(target, "source", None), None
+    try:
+        if source is not None:
+            name = catalog.target_tokenizer(catalog.resolve_target(source)).id_to_token(token_id)
+    except (FileNotFoundError, ValueError):
+        pass
+    return (name or f"id {token_id}").replace("|", "\\|")
+
+
+def target_description(summary: dict) -> str:
+    """The target a model card's drafter was trained for."""
+    name = summary.get("target_name", catalog.DEFAULT_TARGET)
+    known = catalog.TARGETS.get(name)
+    return f"{known.description} (`--model {name}`)" if known else f"the target at `{name}`"
 
 
 def publish(summary: dict, out: str | Path, export_dir: Path, write_model_card) -> None:

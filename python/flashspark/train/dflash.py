@@ -30,25 +30,33 @@ from ..models.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflas
 from .common import (
     DFlashTrainArgs,
     block_loss,
+    data_description,
     data_pool,
+    eval_description,
     eval_set,
     evaluate,
+    head_candidates,
     init_from_target,
     publish,
     run_facts,
     setup_run,
+    target_description,
     train_drafter,
 )
+from .target_data import TargetData
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash"
 
 
 def train(a: DFlashTrainArgs) -> dict:
     wall_start = time.time()
-    out, log, tok, target = setup_run(a)
-    special = data.special_token_ids(tok)
+    out, log, tok, target, mask_id = setup_run(a)
     config = DFlashConfig.for_target(
-        target.config, num_hidden_layers=a.layers, block_size=a.block_size, mask_token_id=special["mask"]
+        target.config,
+        num_hidden_layers=a.layers,
+        block_size=a.block_size,
+        mask_token_id=mask_id,
+        intermediate_size=a.intermediate_size or None,
     )
     g = config.block_size
     decay = a.gamma_d()
@@ -65,8 +73,16 @@ def train(a: DFlashTrainArgs) -> dict:
     log(f"drafter: gamma_d {decay}, features from target layers {layer_ids}")
     weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)  # k = 1..g-1 -> exp(-(k-1)/gamma_d)
 
-    def loss_fn(d, feats, tokens, labels, anchors, idx):
-        loss, hits = block_loss(d, feats, tokens, labels, anchors, weights)
+    if a.head_negatives and not isinstance(pool, TargetData):
+        raise ValueError("--head-negatives needs a `train data` directory (--data-from): it reads the target's Top-K")
+    vocab = target.config.vocab_size
+    head_gen = torch.Generator().manual_seed(a.seed + 7)
+
+    def loss_fn(d, b):
+        cand = None
+        if a.head_negatives:
+            cand = head_candidates(b, b["anchors"], g, vocab, a.head_negatives, head_gen)
+        loss, hits = block_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], weights, cand)
         return loss, {"acc1": hits[..., 0].float().mean().item()}
 
     def eval_fn(d):
@@ -82,8 +98,10 @@ def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     save_dflash(drafter, export_dir, dtype=torch.bfloat16)
     shipped = load_dflash(export_dir, target, dtype=torch.float32)
     final = evaluate(shipped, ev, a.prompt_tokens, bf16=False)
-    tok = data.load_tokenizer()
-    prompts = data.heldout_prompts("code", 8, a.prompt_tokens, tok)
+    if "start" in ev:  # a held-out set of `train data`: its prompts
+        prompts = [ev["tokens"][b, : int(ev["start"][b])].tolist() for b in range(min(8, len(ev["start"])))]
+    else:
+        prompts = data.heldout_prompts("code", 8, a.prompt_tokens, data.load_tokenizer())
     _, spec = speculative_generate(target, shipped, prompts, max_new_tokens=96)
     summary = {
         "final": final,
@@ -110,9 +128,14 @@ def write_model_card(path: Path, s: dict) -> None:
     rows = "\n".join(
         f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
     )
-    text = f"""# flashspark embedded DFlash drafter
+    data_line = data_description(s) or (
+        f"{s['sequences']:,} sequences of {a['prompt_tokens']} training-split tokens followed by\n"
+        f"  {a['gen_tokens']} tokens of the target's own greedy continuation (fp32), with the target's\n"
+        "  feature-layer hidden states. Labels are the target's greedy tokens"
+    )
+    text = f"""# flashspark DFlash drafter for {s.get("target_name", "tiny")}
 
-A block-diffusion drafter for the embedded target (`../target`), trained by
+A block-diffusion drafter for {target_description(s)}, trained by
 distillation from that target on two CPU cores. It drafts a block of
 {g - 1} tokens in one forward, conditioned on the target by KV injection.
 
@@ -122,7 +145,7 @@ distillation from that target on two CPU cores. It drafts a block of
 |---|---|
 | decoder layers | {c["num_hidden_layers"]} (Qwen3: RMSNorm, GQA {c["num_attention_heads"]}/{c["num_key_value_heads"]} heads × {c["head_dim"]}, q/k norm, RoPE, SwiGLU {c["intermediate_size"]}) |
 | hidden size | {c["hidden_size"]} (the target's) |
-| block size γ | {g}: `[anchor, <\\|mask\\|> × {g - 1}]`, mask id {c["mask_token_id"]} |
+| block size γ | {g}: `[anchor, mask × {g - 1}]`, mask token {s.get("mask_token", "")} (id {c["mask_token_id"]}) |
 | target feature layers | {c["target_layer_ids"]} of {s["target_layers"]} (`round(1 + i(L-4)/4)`) → `fc` ({len(c["target_layer_ids"])}·{c["hidden_size"]} → {c["hidden_size"]}) → `hidden_norm` |
 | KV injection | context features through each layer's k_proj/v_proj, k_norm, RoPE; no mask inside the block |
 | embedding, LM head | the target's, shared and frozen (not in this checkpoint) |
@@ -136,9 +159,7 @@ distillation from that target on two CPU cores. It drafts a block of
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
-- Data: {s["sequences"]:,} sequences of {a["prompt_tokens"]} training-split tokens followed by
-  {a["gen_tokens"]} tokens of the target's own greedy continuation (fp32), with the target's
-  feature-layer hidden states. Labels are the target's greedy tokens.
+- Data: {data_line}.
 - {s["step"]:,} steps of {a["batch_size"]} sequences × {a["blocks_per_seq"]} random anchors
   (packed under a block mask), loss weight exp(−(k−1)/{s["decay"]:g}) on block position k ≥ 1.
 - AdamW (β = 0.9, 0.95, weight decay {a["weight_decay"]}), peak lr {a["lr"]:g}, warmup
@@ -148,12 +169,11 @@ distillation from that target on two CPU cores. It drafts a block of
 
 ## Held-out acceptance (temperature 0)
 
-The shipped bf16 weights, computed in fp32, on greedy target continuations of
-{a["eval_sequences"]} held-out code prompts ({a["prompt_tokens"]} tokens + 128 generated), one block
-at every position of the continuation ({f["blocks"]:,} blocks). "top-1" is
+The shipped bf16 weights, computed in fp32, one block at {eval_description(a)}
+({f["blocks"]:,} blocks). "top-1" is
 agreement of draft k with the target's greedy token; "accepted" is the chance
 that drafts 1..k all agree (draft k is accepted at T = 0). The last column is a
-real speculative run (`speculative_generate`, 8 held-out prompts, 96 new tokens, K = {g - 1}).
+real speculative run (`speculative_generate`, 8 of those prompts, 96 new tokens, K = {g - 1}).
 
 | block position k | top-1 | accepted | accepted (speculative run) |
 |---|---|---|---|
@@ -173,8 +193,9 @@ Progress (bf16 autocast):
 
 ## Limitations
 
-Distilled from a small target for a short time: it drafts the target's
-habits on Python code well and anything else poorly. The drafter is
-specific to this target's weights; retrain it whenever the target changes.
+Distilled from its target for a short time on CPU: it drafts what that
+target writes on the prompts it was trained on (Python-flavoured chat, code
+and prose) best. It is specific to this target's weights; retrain it whenever
+the target changes.
 """
     path.write_text(text)

@@ -32,18 +32,26 @@ from ..models.dflash import block_mask, packed_blocks
 from ..models.dflash2 import DFlash2Config, DFlash2Drafter, load_dflash2, save_dflash2
 from .common import (
     DerivedDrafterArgs,
+    backbone_line,
     block_loss,
     block_targets,
+    data_description,
     data_pool,
+    eval_anchors,
+    eval_batch,
+    eval_description,
     eval_set,
     evaluate,
     init_from_target,
     position_weights,
     publish,
+    rows_anchors,
     run_facts,
     setup_run,
     start_backbone,
+    target_description,
     train_drafter,
+    valid_blocks,
 )
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dflash2"
@@ -116,12 +124,13 @@ def evaluate_paths(
     drafter.eval()
     g = drafter.block_size
     S = ev["features"].shape[1]
-    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]
+    anchors = eval_anchors(ev, prompt_tokens, g)
+    batch = eval_batch(ev, anchors, g, drafter.config.vocab_size, batch)
     path_hits, base_hits, cover, sel_hits = [], [], [], []
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
         tokens, labels = ev["tokens"][sl], ev["labels"][sl]
-        an = anchors.expand(tokens.shape[0], -1)
+        an = rows_anchors(anchors, sl, tokens.shape[0])
         bt, pos = packed_blocks(tokens, an, g, drafter.config.mask_token_id)
         hidden = drafter(ev["features"][sl].float(), bt, pos, block_mask(an, S, g))
         hidden = hidden.view(an.shape[0], an.shape[1], g, -1)[:, :, 1:]
@@ -138,11 +147,12 @@ def evaluate_paths(
             prev[..., 0].reshape(R),
             mode=mode,
         )[0]
-        path_hits.append(paths.long() == target.reshape(R, g - 1))
-        base_hits.append((cand[..., 0].long() == target).reshape(R, g - 1))
+        per_block = an.shape
+        path_hits.append(valid_blocks(ev, sl, (paths.long() == target.reshape(R, g - 1)).view(*per_block, g - 1)))
+        base_hits.append(valid_blocks(ev, sl, cand[..., 0].long() == target))
         _, in_topk, hit = drafter.selector_loss(hidden, drafter.logits(hidden), prev, target)
-        cover.append(in_topk.reshape(R, g - 1))
-        sel_hits.append(hit.reshape(R, g - 1))
+        cover.append(valid_blocks(ev, sl, in_topk))
+        sel_hits.append(valid_blocks(ev, sl, hit))
     drafter.train(was)
     path_hits, base_hits = torch.cat(path_hits).float(), torch.cat(base_hits).float()
     cover, sel_hits = torch.cat(cover).float(), torch.cat(sel_hits).float()
@@ -163,13 +173,13 @@ def evaluate_paths(
 # ------------------------------------------------------------------- train
 def train(a: DFlash2TrainArgs) -> dict:
     wall_start = time.time()
-    out, log, tok, target = setup_run(a)
-    special = data.special_token_ids(tok)
+    out, log, tok, target, mask_id = setup_run(a)
     config = DFlash2Config.for_target(
         target.config,
         num_hidden_layers=a.layers,
         block_size=a.block_size,
-        mask_token_id=special["mask"],
+        mask_token_id=mask_id,
+        intermediate_size=a.intermediate_size or None,
         selector_rank=a.selector_rank,
         selector_topk=a.selector_topk,
     )
@@ -187,8 +197,8 @@ def train(a: DFlash2TrainArgs) -> dict:
     start_backbone(drafter, a, target, log)
     weights = position_weights(g, decay)
 
-    def loss_fn(d, feats, tokens, labels, anchors, idx):
-        return dflash2_loss(d, feats, tokens, labels, anchors, weights, a.selector_weight)
+    def loss_fn(d, b):
+        return dflash2_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], weights, a.selector_weight)
 
     def eval_fn(d):
         return evaluate_paths(d, ev, a.prompt_tokens, a.path_mode)
@@ -200,7 +210,7 @@ def train(a: DFlash2TrainArgs) -> dict:
 def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out path and backbone acceptance."""
     export_dir = Path(a.export)
-    save_dflash2(drafter, export_dir, dtype=torch.bfloat16)
+    save_dflash2(drafter, export_dir, dtype=torch.bfloat16, backbone=a.init_from if a.share_backbone else None)
     shipped = load_dflash2(export_dir, target, dtype=torch.float32)
     final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
     dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric
@@ -232,9 +242,13 @@ def write_model_card(path: Path, s: dict) -> None:
     rows = "\n".join(
         f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
     )
-    text = f"""# flashspark embedded DFlash 2 drafter
+    data_line = data_description(s) or (
+        f"{s['sequences']:,} target-generated sequences of {s['seq_len']} tokens"
+        + (f" (reused from {a['data_from']})" if a["data_from"] else "")
+    )
+    text = f"""# flashspark DFlash 2 drafter for {s.get("target_name", "tiny")}
 
-A DFlash 2 drafter for the embedded target (`../target`): the DFlash backbone
+A DFlash 2 drafter for {target_description(s)}: the DFlash backbone
 with two-tap dynamic depthwise convs around every attention and MLP sublayer,
 and a path selector that picks one coherent path through the Top-{c["selector_topk"]}
 lattice of the block. Trained by distillation from that target on CPU.
@@ -259,8 +273,8 @@ lattice of the block. Trained by distillation from that target on CPU.
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
-- Data: {s["sequences"]:,} target-generated sequences of {s["seq_len"]} tokens{f" (reused from {a['data_from']})" if a["data_from"] else ""}.
-- Backbone{f" started from {a['init_from']}" if a["init_from"] else " from scratch"}; {s["step"]:,} steps of
+- Data: {data_line}.
+- Backbone{backbone_line(a, "the convs and the path selector")}; {s["step"]:,} steps of
   {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss: backbone CE weighted exp(−(k−1)/{s["decay"]:g})
   + {a["selector_weight"]:g} × selector CE over the Top-{c["selector_topk"]} scores with teacher-forced predecessors
   (positions whose true token is outside the Top-K masked out).
@@ -268,8 +282,8 @@ lattice of the block. Trained by distillation from that target on CPU.
 
 ## Held-out acceptance (temperature 0)
 
-Shipped bf16 weights computed in fp32, one block at every position of the
-greedy continuations of {a["eval_sequences"]} held-out code prompts ({f["blocks"]:,} blocks).
+Shipped bf16 weights computed in fp32, one block at
+{eval_description(a)} ({f["blocks"]:,} blocks).
 Paths: `{f["mode"]}` mode. "coverage": true token among the Top-{c["selector_topk"]};
 "selector top-1": teacher-forced selector choice right, among covered positions;
 "path top-1"/"accepted": the selected path against the target's greedy tokens;

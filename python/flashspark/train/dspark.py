@@ -41,18 +41,27 @@ from ..scheduling.calibration import calibration_report as block_calibration_rep
 from ..scheduling.calibration import expected_calibration_error
 from .common import (
     DerivedDrafterArgs,
+    backbone_line,
     block_targets,
+    data_description,
     data_pool,
+    eval_anchors,
+    eval_batch,
+    eval_description,
     eval_set,
     generate_sequences,
     init_from_target,
     position_weights,
     publish,
+    rows_anchors,
     run_facts,
     setup_run,
     start_backbone,
+    target_description,
     train_drafter,
+    valid_blocks,
 )
+from .target_data import TargetData
 
 DEFAULT_EXPORT = data.ASSETS_DIR / "dspark"
 
@@ -67,6 +76,7 @@ class DSparkTrainArgs(DerivedDrafterArgs):
     tv_weight: float = 0.9
     conf_weight: float = 1.0
     calib_sequences: int = 64  # held-out prompts for calibration (disjoint from the evaluation ones)
+    calib_from: str = ""  # `train data --split calibration` directory ("" = held-out code prompts generated here)
 
 
 # ------------------------------------------------------------------- target distributions
@@ -161,17 +171,17 @@ def rollout_outcomes(drafter: DSparkDrafter, ev: dict, prompt_tokens: int, batch
     was = drafter.training
     drafter.eval()
     g = drafter.block_size
-    S = ev["features"].shape[1]
-    anchors = torch.arange(prompt_tokens, S + 1 - g + 1)[None]
+    anchors = eval_anchors(ev, prompt_tokens, g)
+    batch = eval_batch(ev, anchors, g, drafter.config.vocab_size, batch)
     acc, zs = [], []
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
         tokens, labels = ev["tokens"][sl], ev["labels"][sl]
-        an = anchors.expand(tokens.shape[0], -1)
+        an = rows_anchors(anchors, sl, tokens.shape[0])
         hidden, base = dspark_forward(drafter, ev["features"][sl].float(), tokens, an)
         drafts, z = markov_rollout(drafter, hidden, base, tokens.gather(1, an))
-        acc.append((drafts == block_targets(tokens, labels, an, g)[1]).flatten(0, 1))
-        zs.append(z.flatten(0, 1))
+        acc.append(valid_blocks(ev, sl, drafts == block_targets(tokens, labels, an, g)[1]))
+        zs.append(valid_blocks(ev, sl, z))
     drafter.train(was)
     return torch.cat(acc), torch.cat(zs)
 
@@ -267,13 +277,13 @@ def calibrate(drafter: DSparkDrafter, calib: dict, ev: dict, prompt_tokens: int)
 # ------------------------------------------------------------------- train
 def train(a: DSparkTrainArgs) -> dict:
     wall_start = time.time()
-    out, log, tok, target = setup_run(a)
-    special = data.special_token_ids(tok)
+    out, log, tok, target, mask_id = setup_run(a)
     config = DSparkConfig.for_target(
         target.config,
         num_hidden_layers=a.layers,
         block_size=a.block_size,
-        mask_token_id=special["mask"],
+        mask_token_id=mask_id,
+        intermediate_size=a.intermediate_size or None,
         markov_rank=a.markov_rank,
     )
     g = config.block_size
@@ -281,7 +291,11 @@ def train(a: DSparkTrainArgs) -> dict:
     layer_ids = config.target_layer_ids
     ev = eval_set(target, a, layer_ids, out, tok)
     calib_path = out / "calib.pt"
-    if calib_path.is_file():
+    if a.calib_from:
+        held = TargetData(a.calib_from)
+        held.check_for(target, layer_ids)
+        calib = held.eval_set(g, a.window, a.calib_sequences)
+    elif calib_path.is_file():
         calib = torch.load(calib_path)
     else:
         calib = dict(
@@ -293,9 +307,16 @@ def train(a: DSparkTrainArgs) -> dict:
         torch.save(calib, calib_path)
     gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
-    p_ids, p_logp = cached_topk(
-        target, pool["tokens"], a.target_topk, out / "data" / f"target_top{a.target_topk}.pt", log
-    )
+    if isinstance(pool, TargetData):  # the target's Top-K was kept with the data
+        if pool.definition["top_k"] < a.target_topk:
+            raise ValueError(
+                f"{a.data_from} keeps the target's top-{pool.definition['top_k']}; asked for {a.target_topk}"
+            )
+        p_ids = p_logp = None
+    else:
+        p_ids, p_logp = cached_topk(
+            target, pool["tokens"], a.target_topk, out / "data" / f"target_top{a.target_topk}.pt", log
+        )
 
     torch.manual_seed(a.seed)
     drafter = DSparkDrafter(config, target, use_ops=False)
@@ -305,8 +326,12 @@ def train(a: DSparkTrainArgs) -> dict:
     weights = position_weights(g, decay, first=0)  # exp(-k/γ_d), k = 1..γ-1
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
-    def loss_fn(d, feats, tokens, labels, anchors, idx):
-        return dspark_loss(d, feats, tokens, labels, anchors, p_ids[idx], p_logp[idx], weights, coefs)
+    def loss_fn(d, b):
+        if p_ids is None:
+            ids, logp = b["topk_ids"][..., : a.target_topk], b["topk_logp"][..., : a.target_topk]
+        else:
+            ids, logp = p_ids[b["idx"]], p_logp[b["idx"]]
+        return dspark_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], ids, logp, weights, coefs)
 
     def eval_fn(d):
         return evaluate_dspark(d, ev, a.prompt_tokens)
@@ -319,7 +344,8 @@ def export(drafter, target, ev, calib, a, config, run, decay, log) -> dict:
     """Calibrate, write the bf16 drafter with calibration.json, and measure what ships."""
     cal = calibrate(drafter, calib, ev, a.prompt_tokens)
     export_dir = Path(a.export)
-    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal)
+    backbone = a.init_from if a.share_backbone else None
+    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal, backbone=backbone)
     shipped = load_dspark(export_dir, target, dtype=torch.float32)
     final = evaluate_dspark(shipped, ev, a.prompt_tokens)
     summary = {
@@ -354,9 +380,13 @@ def write_model_card(path: Path, s: dict) -> None:
     )
     bc, ac = cal["before"]["calibration_split"], cal["after"]["calibration_split"]
     be, ae = cal["before"]["eval_split"], cal["after"]["eval_split"]
-    text = f"""# flashspark embedded DSpark drafter
+    data_line = data_description(s) or (
+        f"{s['sequences']:,} target-generated sequences of {s['seq_len']} tokens"
+        + (f" (reused from {a['data_from']})" if a["data_from"] else "")
+    )
+    text = f"""# flashspark DSpark drafter for {s.get("target_name", "tiny")}
 
-A DSpark drafter for the embedded target (`../target`): a DFlash backbone gives
+A DSpark drafter for {target_description(s)}: a DFlash backbone gives
 the block's base logits U_k in one pass; a Markov head adds W2·W1[x_(k−1)] and
 drafts left to right (`flashspark.ops.markov_step`); a confidence head predicts
 the chance each draft survives verification, calibrated per position
@@ -380,17 +410,17 @@ the chance each draft survives verification, calibrated per position
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
-- Data: {s["sequences"]:,} target-generated sequences of {s["seq_len"]} tokens{f" (reused from {a['data_from']})" if a["data_from"] else ""}; the target's
+- Data: {data_line}; the target's
   Top-{a["target_topk"]} distribution at every position.
-- Backbone{f" started from {a['init_from']}" if a["init_from"] else " from scratch"}; {s["step"]:,} steps of
+- Backbone{backbone_line(a, "the Markov and confidence heads")}; {s["step"]:,} steps of
   {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss {a["ce_weight"]:g}·CE + {a["tv_weight"]:g}·TV +
   {a["conf_weight"]:g}·BCE(c, 1 − TV), weighted exp(−k/{s["decay"]:g}), teacher forced.
 - Training time {s["train_minutes"]:.1f} min; wall time {s["wall_minutes"]:.1f} min.
 
 ## Held-out acceptance and confidence (temperature 0)
 
-Shipped bf16 weights computed in fp32; greedy Markov drafts at every position of
-the greedy continuations of {a["eval_sequences"]} held-out code prompts ({f["blocks"]:,} blocks).
+Shipped bf16 weights computed in fp32; greedy Markov drafts (one block) at
+{eval_description(a)} ({f["blocks"]:,} blocks).
 "accepted" = drafts 1..k all equal the target's greedy tokens; "confidence" = mean
 calibrated a_k = ∏ c_i; ECE of a_k before/after calibration on this evaluation split.
 

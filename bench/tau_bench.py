@@ -1,0 +1,303 @@
+"""Held-out τ of each drafter: tokens a request gains per target forward (accepted drafts + 1).
+
+For each method (default: dflash, dflash2 and dspark at fixed K = γ - 1), each temperature
+and each task of the target, the first `--prompts` held-out prompts of the task are decoded
+in batches of `--batch-size` with the speculative loop, as `flashspark.methods` runs it
+(`e2e_bench.make_methods`: `load_method_drafter` + `make_decoder`). τ comes from the loop's
+stats: per request (`tau_per_request`) and over all request-steps (accepted drafts plus
+steps, over steps, summed over the batches), per task and over all tasks ("all"). Also
+reported: the acceptance rate of each draft position and the number of request-steps.
+Prints a table, writes bench/results/tau_bench[_<target>].json and a bar chart beside it.
+
+    python bench/tau_bench.py                                # tiny target, T = 0 and 1
+    python bench/tau_bench.py --model smollm2                # -> bench/results/tau_bench_smollm2.json, .png
+    python bench/tau_bench.py --methods dflash2 --temperatures 0 --prompts 8 --max-new-tokens 64
+    python bench/tau_bench.py --model smollm2 --dflash path/to/dflash   # a drafter directory of your own
+
+The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py: the
+tiny target's are `--prompt-tokens` long (tasks code, prose), a real target's are the
+held-out prompt sets' (tasks chat, code, prose; ragged lengths). Every request decodes
+exactly `--max-new-tokens` tokens: a real server stops a request at EOS, but here none stops
+early, so every method is measured over the same number of tokens per request.
+
+For a target other than the tiny one the JSON also holds the issue's bars, measured on the
+"all" rows: DFlash τ >= 3.0 at T = 0, and at every temperature measured DFlash 2 τ >= 1.10 x
+DFlash's and DSpark τ >= DFlash's (each with its measured value and pass / fail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import e2e_bench
+import targets
+import torch
+from flashspark.methods import DRAFTERS, parse_method
+from flashspark.train.common import hardware_string
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_METHODS = list(DRAFTERS)
+ALL_TASKS = "all"  # the task of the rows aggregated over every task
+NAMES = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark"}
+# The issue's bars for a real target (τ over all tasks).
+DFLASH_TAU_BAR = 3.0  # DFlash at T = 0
+RATIO_BARS = {"dflash2": 1.10, "dspark": 1.0}  # τ of the method over DFlash's, at each temperature
+BAR_TEMPERATURE = 0.0
+
+
+def check_methods(methods: list[str]) -> None:
+    """ValueError for a method without a drafter, a spec the methods module rejects, or a repeat."""
+    for m in methods:
+        if m == "ar":
+            raise ValueError("ar drafts nothing (its τ is 1): --methods takes drafters, " + ", ".join(DRAFTERS))
+        parse_method(m)
+    if len(set(methods)) < len(methods):
+        raise ValueError(f"--methods lists a method twice: {' '.join(methods)}")
+
+
+def summarize(stats: list[dict]) -> dict:
+    """τ and acceptance over the batches of one row, from the loop's per-batch stats."""
+    steps = sum(s["steps"] for s in stats)
+    # The loop's τ is (accepted + steps) / steps over a batch's request-steps: this undoes it.
+    accepted = sum(round((s["tau"] - 1.0) * s["steps"]) for s in stats)
+    per_request = [t for s in stats for t in s["tau_per_request"]]
+    # Per batch, position k's rate is over the request-steps that verified draft k; with a fixed
+    # K every live request-step verifies every position, so weighting the batches by their
+    # steps gives the rate over all of them (with a confidence scheduler, an approximation).
+    tried = [(s["acceptance_per_position"], s["steps"]) for s in stats if s["acceptance_per_position"]]
+    width = min((len(a) for a, _ in tried), default=0)
+    weight = sum(n for _, n in tried)
+    acceptance = [sum(a[k] * n for a, n in tried) / max(1, weight) for k in range(width)]
+    return {
+        "tau": (accepted + steps) / max(1, steps),
+        "tau_request_mean": statistics.fmean(per_request),
+        "tau_request_min": min(per_request),
+        "tau_request_max": max(per_request),
+        "tau_per_request": per_request,
+        "requests": len(per_request),
+        "steps": steps,
+        "accepted": accepted,
+        "new_tokens": sum(s["new_tokens"] for s in stats),
+        "iterations": sum(s.get("iterations", 0) for s in stats),  # loop iterations: batch forwards
+        "acceptance_per_position": acceptance,
+        "seconds": sum(s["seconds"] for s in stats),
+    }
+
+
+def measure(args, target: targets.BenchTarget, decoders: dict) -> tuple[list[dict], dict]:
+    """Rows (method, temperature, task or "all", τ ...) and the prompt lengths per task."""
+    prompts = {task: target.heldout_prompts(task, args.prompts, args.prompt_tokens) for task in args.tasks}
+    rows = []
+    for spec, decode in decoders.items():
+        for t in args.temperatures:
+            every = []
+            for task in args.tasks:
+                batches = [prompts[task][i : i + args.batch_size] for i in range(0, args.prompts, args.batch_size)]
+                # Batch i draws with seed --seed + i, so its requests' streams differ from other batches'.
+                stats = [decode(batch, args.max_new_tokens, t, args.seed + i)[1] for i, batch in enumerate(batches)]
+                every += stats
+                rows.append(row(spec, t, task, decode, stats))
+            rows.append(row(spec, t, ALL_TASKS, decode, every))
+    lengths = {task: e2e_bench.prompt_lengths(p) for task, p in prompts.items()}
+    return rows, lengths
+
+
+def row(spec: str, temperature: float, task: str, decode, stats: list[dict]) -> dict:
+    return {
+        "method": spec,
+        "temperature": temperature,
+        "task": task,
+        "gamma": decode.drafter.block_size,
+        "k": decode.k_max,
+        **summarize(stats),
+    }
+
+
+def bar_checks(rows: list[dict], temperatures: list[float]) -> dict:
+    """The issue's bars on the "all" rows; a bar whose methods were not measured has passed None."""
+    tau = {(r["method"], r["temperature"]): r["tau"] for r in rows if r["task"] == ALL_TASKS}
+    checks = []
+    dflash0 = tau.get(("dflash", BAR_TEMPERATURE))
+    checks.append(
+        {
+            "bar": f"DFlash tau >= {DFLASH_TAU_BAR:g} at T = {BAR_TEMPERATURE:g}",
+            "method": "dflash",
+            "temperature": BAR_TEMPERATURE,
+            "measured": dflash0,
+            "threshold": DFLASH_TAU_BAR,
+            "passed": None if dflash0 is None else dflash0 >= DFLASH_TAU_BAR,
+        }
+    )
+    for t in temperatures:
+        for method, ratio_bar in RATIO_BARS.items():
+            base, tau_m = tau.get(("dflash", t)), tau.get((method, t))
+            ratio = tau_m / base if base is not None and tau_m is not None else None
+            checks.append(
+                {
+                    "bar": f"{NAMES[method]} tau >= {ratio_bar:.2f} x DFlash tau at T = {t:g}",
+                    "method": method,
+                    "temperature": t,
+                    "measured": ratio,
+                    "threshold": ratio_bar,
+                    "passed": None if ratio is None else ratio >= ratio_bar,
+                }
+            )
+    measured = [c["passed"] for c in checks if c["passed"] is not None]
+    return {"checks": checks, "all_passed": bool(measured) and all(measured), "unmeasured": len(checks) - len(measured)}
+
+
+def print_table(rows: list[dict]) -> None:
+    w = max(8, max(len(r["method"]) for r in rows))
+    print(f"{'method':>{w}} {'T':>4} {'task':>6} {'tau':>6} {'tau/req':>7} {'steps':>6}  acceptance by position")
+    for r in rows:
+        acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
+        print(
+            f"{r['method']:>{w}} {r['temperature']:>4g} {r['task']:>6} {r['tau']:>6.2f} "
+            f"{r['tau_request_mean']:>7.2f} {r['steps']:>6}  {acc}",
+            flush=True,
+        )
+
+
+def print_bars(bars: dict) -> None:
+    for c in bars["checks"]:
+        got = "not measured" if c["measured"] is None else f"{c['measured']:.3f}"
+        verdict = "" if c["passed"] is None else ("pass" if c["passed"] else "FAIL")
+        print(f"bar: {c['bar']}: {got} {verdict}")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings, rows = result["settings"], result["results"]
+    temps, methods = settings["temperatures"], settings["methods"]
+    groups = settings["tasks"] + [ALL_TASKS]
+    width = 0.8 / len(methods)
+    fig, axes = plt.subplots(
+        1, len(temps), figsize=(max(6.5, 1.6 + 1.5 * len(groups) * len(temps)), 4.2), squeeze=False
+    )
+    top = max(r["tau"] for r in rows)
+    for ax, t in zip(axes[0], temps):
+        for j, m in enumerate(methods):
+            tau = {r["task"]: r["tau"] for r in rows if r["method"] == m and r["temperature"] == t}
+            xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))]
+            bars = ax.bar(xs, [tau[g] for g in groups], width, label=m)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        if result["bars"] is not None and t == BAR_TEMPERATURE:
+            ax.axhline(DFLASH_TAU_BAR, color="grey", linestyle="--", linewidth=1, label="DFlash bar")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_ylim(0, max(top, DFLASH_TAU_BAR if result["bars"] is not None else 0) * 1.25)  # room for labels, legend
+        ax.set_ylabel("τ (tokens per target forward)")
+        ax.set_title(f"T = {t:g}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, ncol=len(methods) + 1, loc="upper left")
+    fig.suptitle(
+        f"held-out τ, target {result['target']} ({settings['prompts']} prompts per task, "
+        f"{settings['max_new_tokens']} new tokens)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    targets.add_target_args(p)
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        help="drafters (" + ", ".join(DRAFTERS) + ") or method specs such as dflash:k=3 (default: %(default)s)",
+    )
+    for name in DRAFTERS:
+        p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: the target's shipped one)")
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
+    )
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--prompts", type=int, default=24, help="held-out prompts per task (default %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default %(default)s)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/tau_bench[_<target>].json)")
+    args = p.parse_args(argv)
+    if args.prompts < 1 or args.batch_size < 1:
+        p.error("--prompts and --batch-size must be positive")
+    if args.max_new_tokens < 2:
+        p.error("--max-new-tokens must be at least 2 (the first token comes from the prefill, not a step)")
+    if any(t < 0 for t in args.temperatures):
+        p.error("--temperatures must be >= 0")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        check_methods(args.methods)
+        out = Path(args.out) if args.out else RESULTS / f"tau_bench{targets.result_tag(args.model)}.json"
+        target = e2e_bench.load_target(args)
+        args.tasks = args.tasks or list(target.tasks)
+        targets.check_tasks(target, args.tasks)
+        decoders = e2e_bench.make_methods(args, target.model)
+        decoders.pop("ar")  # make_methods always adds plain decoding: nothing to measure here
+        rows, lengths = measure(args, target, decoders)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = target.model.lm_head.weight.device
+    hw = hardware_string()
+    if device.type == "cuda":
+        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
+    result = {
+        "benchmark": "tau",
+        "command": "python bench/tau_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw,
+        "device": str(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "target": target.label,
+        "dtype": str(target.model.lm_head.weight.dtype).removeprefix("torch."),
+        "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
+        "settings": {
+            "methods": args.methods,
+            "tasks": args.tasks,
+            "temperatures": args.temperatures,
+            "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "prompt_tokens": args.prompt_tokens if target.tiny else None,
+            "prompt_lengths": lengths,
+            "decoding": "fixed number of new tokens per request, no early stop at EOS",
+        },
+        "results": rows,
+        "bars": None if target.tiny else bar_checks(rows, args.temperatures),
+    }
+    print_table(rows)
+    if result["bars"] is not None:
+        print_bars(result["bars"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

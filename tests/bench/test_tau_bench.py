@@ -1,0 +1,119 @@
+"""bench/tau_bench.py: τ from the loop's stats (hand-made and measured on the tiny target),
+the issue's bars, its JSON and PNG, and clear errors for bad arguments in it and in the
+benchmarks that take the target from bench/targets.py."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import combo_bench  # noqa: E402  (bench/ is not a package)
+import e2e_bench  # noqa: E402
+import tau_bench  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TINY_RUN = ["--prompts", "2", "--max-new-tokens", "8", "--temperatures", "0", "--threads", "1"]
+
+
+def batch_stats(accepted: list[int], steps: list[int], acceptance: list[float]) -> dict:
+    """What the loop returns for one batch, reduced to the keys tau_bench reads."""
+    return {
+        "steps": sum(steps),
+        "tau": (sum(accepted) + sum(steps)) / sum(steps),
+        "tau_per_request": [(a + s) / s for a, s in zip(accepted, steps)],
+        "acceptance_per_position": acceptance,
+        "new_tokens": sum(a + s for a, s in zip(accepted, steps)),
+        "iterations": max(steps),
+        "seconds": 1.0,
+    }
+
+
+def test_summarize_weights_by_request_steps():
+    a = batch_stats([6, 2], [2, 2], [1.0, 0.5])  # 4 steps, 8 accepted
+    b = batch_stats([0], [4], [0.0, 0.0])  # 4 steps, nothing accepted
+    s = tau_bench.summarize([a, b])
+    assert s["steps"] == 8 and s["accepted"] == 8 and s["requests"] == 3
+    assert s["tau"] == pytest.approx(2.0)  # (8 + 8) / 8 over all request-steps
+    assert s["tau_per_request"] == [4.0, 2.0, 1.0] and s["tau_request_mean"] == pytest.approx(7 / 3)
+    assert s["acceptance_per_position"] == pytest.approx([0.5, 0.25])
+
+
+def test_bars():
+    def rows(taus: dict) -> list[dict]:
+        return [{"method": m, "temperature": t, "task": tau_bench.ALL_TASKS, "tau": v} for (m, t), v in taus.items()]
+
+    ok = tau_bench.bar_checks(rows({("dflash", 0.0): 3.2, ("dflash2", 0.0): 3.6, ("dspark", 0.0): 3.2}), [0.0])
+    assert ok["all_passed"] and ok["unmeasured"] == 0
+    assert [c["passed"] for c in ok["checks"]] == [True, True, True]
+    assert ok["checks"][1]["measured"] == pytest.approx(3.6 / 3.2)
+    low = tau_bench.bar_checks(rows({("dflash", 0.0): 2.9, ("dflash2", 0.0): 3.1, ("dspark", 0.0): 2.8}), [0.0])
+    assert [c["passed"] for c in low["checks"]] == [False, False, False] and not low["all_passed"]
+    only = tau_bench.bar_checks(rows({("dflash", 1.0): 2.0, ("dflash2", 1.0): 2.5}), [1.0])
+    assert [c["passed"] for c in only["checks"]] == [None, True, None] and only["unmeasured"] == 2
+
+
+def test_main_on_the_tiny_target(tmp_path, capsys):
+    out = tmp_path / "tau.json"
+    assert tau_bench.main(TINY_RUN + ["--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").is_file()
+    for key in ("command", "date", "hardware", "target", "dtype", "settings", "results", "bars"):
+        assert key in result
+    assert result["target"] == "tiny" and result["dtype"] == "float32" and result["bars"] is None
+    settings = result["settings"]
+    assert settings["methods"] == ["dflash", "dflash2", "dspark"] and settings["tasks"] == ["code", "prose"]
+    assert settings["prompts"] == 2 and settings["max_new_tokens"] == 8 and settings["temperatures"] == [0.0]
+    rows = result["results"]
+    assert {(r["method"], r["task"]) for r in rows} == {
+        (m, t) for m in settings["methods"] for t in ("code", "prose", tau_bench.ALL_TASKS)
+    }
+    for r in rows:
+        assert 1.0 <= r["tau"] <= r["gamma"] and r["k"] == r["gamma"] - 1
+        assert r["requests"] == (4 if r["task"] == tau_bench.ALL_TASKS else 2) and r["steps"] > 0
+        assert all(1.0 <= t <= r["gamma"] for t in r["tau_per_request"])
+        assert len(r["acceptance_per_position"]) == r["k"]
+        assert all(0.0 <= a <= 1.0 for a in r["acceptance_per_position"])
+    for m in settings["methods"]:  # "all" is the request-steps of both tasks together
+        code, prose, every = (
+            next(r for r in rows if r["method"] == m and r["task"] == t) for t in ("code", "prose", "all")
+        )
+        assert every["steps"] == code["steps"] + prose["steps"]
+        assert every["tau"] == pytest.approx(
+            (code["tau"] * code["steps"] + prose["tau"] * prose["steps"]) / every["steps"]
+        )
+    assert "acceptance by position" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tasks", "chat"], "unknown task 'chat' for the target tiny"),
+        (["--methods", "dflash", "bogus"], "unknown drafter 'bogus'"),
+        (["--methods", "ar"], "ar drafts nothing"),
+        (["--methods", "dflash:k=x"], "not understood"),
+    ],
+)
+def test_tau_bench_bad_arguments(tmp_path, capsys, argv, message):
+    assert tau_bench.main(TINY_RUN + argv + ["--out", str(tmp_path / "t.json")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_tau_bench_bad_numbers_exit_with_usage(capsys):
+    with pytest.raises(SystemExit) as e:
+        tau_bench.main(["--max-new-tokens", "1"])
+    assert e.value.code == 2 and "--max-new-tokens must be at least 2" in capsys.readouterr().err
+
+
+def test_e2e_and_combo_bad_task(tmp_path, capsys):
+    e2e = ["--task", "chat", "--methods", "ar", "--concurrency", "1", "--threads", "1"]
+    assert e2e_bench.main(e2e + ["--out", str(tmp_path / "e.json")]) == 2
+    assert "unknown task 'chat' for the target tiny; expected code or prose" in capsys.readouterr().err
+    combo = ["--tasks", "code", "poetry", "--threads", "1", "--out", str(tmp_path / "c.json")]
+    assert combo_bench.main(combo) == 2
+    assert "unknown task 'poetry' for the target tiny" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -1,0 +1,157 @@
+"""`train data` on the tiny target: what it stores is what the target computes (tokens of plain
+greedy decoding, labels, feature-layer hidden states, Top-K), a run interrupted and resumed
+equals an uninterrupted one shard for shard, settings cannot change under --resume, and the
+drafter trainers read the data (anchors in each row's continuation, ragged held-out sets, a
+shared backbone exported once)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from flashspark.decoding.plain import generate
+from flashspark.models import catalog
+from flashspark.models.dflash import load_dflash, target_layer_ids
+from flashspark.models.dflash2 import load_dflash2
+from flashspark.models.dspark import load_dspark
+from flashspark.train.common import DFlashTrainArgs
+from flashspark.train.dflash import train as train_dflash
+from flashspark.train.dflash2 import DFlash2TrainArgs
+from flashspark.train.dflash2 import train as train_dflash2
+from flashspark.train.dspark import DSparkTrainArgs
+from flashspark.train.dspark import train as train_dspark
+from flashspark.train.target_data import DataArgs, TargetData, generate_data, sample_row_anchors
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(target="tiny", kinds="code:2,prose:1", max_prompts=4, max_new_tokens=10, batch_size=3, threads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return catalog.load_target(catalog.resolve_target("tiny"))
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d"
+    generate_data(DataArgs(out=str(out), **SMALL))
+    return out
+
+
+def test_stored_data_is_what_the_target_computes(generated, tiny):
+    d = TargetData(generated)
+    progress = json.loads((generated / "progress.json").read_text())
+    assert progress["complete"] and progress["sequences"] == len(d) == 8  # 4 code + 4 prose prompts
+    assert d.shards[0]["tokens"].dtype == np.uint16
+    layers = target_layer_ids(tiny.config.num_hidden_layers)
+    eos = catalog.eos_token_id(tiny, catalog.target_tokenizer(catalog.resolve_target("tiny")))
+    rows = d.rows(list(range(len(d))), 4096)
+    for b in range(len(d)):
+        n, p = int(rows["length"][b]), int(rows["start"][b])
+        tokens = rows["tokens"][b, :n]
+        want, _ = generate(tiny, [tokens[:p].tolist()], max_new_tokens=10, eos_id=eos)
+        assert tokens[p:].tolist() == want[0]
+        with torch.no_grad():
+            out = tiny(tokens[None, :-1], hidden_layers=layers)
+        assert torch.allclose(rows["features"][b, : n - 1].float(), out.hidden[0].float(), atol=0.05, rtol=0.02)
+        assert rows["labels"][b, p:n].tolist() == out.logits[0, p - 1 :].argmax(-1).tolist()
+        assert bool((rows["labels"][b, :p] == -1).all())
+        logp = torch.log_softmax(out.logits[0, p - 1 :], -1)
+        top = logp.topk(32, -1)
+        assert torch.equal(rows["topk_ids"][b, p:n], top.indices)
+        assert torch.allclose(rows["topk_logp"][b, p:n].float(), top.values, atol=1e-2)
+
+
+def test_resume_is_exact(generated, tmp_path):
+    """Stopped after its first shard (--max-tokens), resumed: the same shards as one run."""
+    out = tmp_path / "d"
+    first = generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))
+    assert first["shards"] == ["shard_00000"] and not first["complete"]
+    with pytest.raises(ValueError, match="pass --resume"):
+        generate_data(DataArgs(out=str(out), **SMALL))
+    with pytest.raises(ValueError, match="other settings .*max_new_tokens"):
+        generate_data(DataArgs(out=str(out), resume=True, **{**SMALL, "max_new_tokens": 11}))
+    resumed = generate_data(DataArgs(out=str(out), resume=True, **SMALL))
+    whole = json.loads((generated / "progress.json").read_text())
+    assert resumed["shards"] == whole["shards"] and resumed["cursors"] == whole["cursors"]
+    for shard in whole["shards"]:
+        for f in ("tokens", "labels", "features", "topk_ids", "topk_logp", "seqs"):
+            assert np.array_equal(np.load(out / shard / f"{f}.npy"), np.load(generated / shard / f"{f}.npy"))
+
+
+def test_anchors_and_held_out_sets(generated):
+    d = TargetData(generated)
+    rows = d.rows([0, 1, 2], window=20)
+    assert rows["tokens"].shape[1] <= 20 and rows["features"].shape[1] == rows["tokens"].shape[1] - 1
+    an = sample_row_anchors(rows["start"], rows["length"], 50, 4, torch.Generator().manual_seed(0))
+    assert bool((an >= rows["start"][:, None]).all() and (an + 4 <= rows["length"][:, None]).all())
+    ev = d.eval_set(8, 4096, anchors_per_row=6)
+    assert ev["anchors"].shape == (len(ev["start"]), 6)
+    for b in range(len(ev["start"])):
+        counted = ev["anchors"][b][ev["valid"][b]].tolist()
+        assert counted == sorted(set(counted))  # each anchor once, in order
+        assert counted[0] == ev["start"][b] and counted[-1] == ev["length"][b] - 8
+
+
+@pytest.mark.slow
+def test_drafters_train_on_the_data_with_one_shared_backbone(generated, tmp_path):
+    """DFlash, then DFlash 2 and DSpark on its frozen backbone: each trains and exports; the
+    derived drafters' files hold only their own parts and load with the backbone's weights."""
+    common = dict(
+        target="tiny",
+        data_from=str(generated),
+        eval_from=str(generated),
+        minutes=0.05,
+        export_reserve_min=0.0,
+        threads=1,
+        layers=1,
+        intermediate_size=64,
+        batch_size=2,
+        blocks_per_seq=2,
+        block_size=4,
+        eval_every_min=0.01,
+        bf16=False,
+    )
+    base = tmp_path / "dflash"
+    # the backbone's head over the batch's stored Top-K plus uniform draws (--head-negatives)
+    train_dflash(DFlashTrainArgs(out=str(tmp_path / "r1"), export=str(base), head_negatives=16, **common))
+    derived = dict(init_from=str(base), share_backbone=True, **common)
+    train_dflash2(
+        DFlash2TrainArgs(out=str(tmp_path / "r2"), export=str(tmp_path / "dflash2"), selector_rank=4, **derived)
+    )
+    train_dspark(
+        DSparkTrainArgs(
+            out=str(tmp_path / "r3"),
+            export=str(tmp_path / "dspark"),
+            markov_rank=4,
+            calib_from=str(generated),
+            **derived,
+        )
+    )
+    tiny = catalog.load_target(catalog.resolve_target("tiny"))
+    backbone = load_dflash(base, tiny).state_dict()
+    for name, load in (("dflash2", load_dflash2), ("dspark", load_dspark)):
+        assert json.loads((tmp_path / name / "config.json").read_text())["backbone"] == "../dflash"
+        own = (tmp_path / name / "model.safetensors").stat().st_size
+        assert own < (base / "model.safetensors").stat().st_size
+        state = load(tmp_path / name, tiny).state_dict()
+        for k, v in backbone.items():
+            assert torch.equal(state[k], v), k
+
+
+def test_one_writer_per_directory(tmp_path):
+    """A live writer's lock refuses a second run; a dead writer's lock is taken over."""
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / ".lock").write_text(str(os.getpid()))
+    with pytest.raises(ValueError, match="being written by process"):
+        generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / ".lock").write_text(str(dead.pid))
+    assert generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))["shards"] == ["shard_00000"]
+    assert not (out / ".lock").exists()
