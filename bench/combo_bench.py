@@ -191,12 +191,7 @@ def plot(result: dict, task: str, path: Path, gamma: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", nargs="+", default=METHODS)
-    p.add_argument(
-        "--tasks",
-        nargs="+",
-        default=None,
-        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
-    )
+    targets.add_tasks_arg(p)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")

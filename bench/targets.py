@@ -80,6 +80,16 @@ def add_target_args(p) -> None:
     )
 
 
+def add_tasks_arg(p) -> None:
+    """--tasks: a subset of the target's tasks (checked once the target is known: `check_tasks`)."""
+    p.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
+    )
+
+
 def load_bench_target(args, device: str | torch.device = "cpu") -> BenchTarget:
     """The target of --model / --dtype with its tokenizer and chat template."""
     ref = catalog.resolve_target(getattr(args, "model", None))

@@ -220,12 +220,7 @@ def parse_args(argv):
     )
     for name in DRAFTERS:
         p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: the target's shipped one)")
-    p.add_argument(
-        "--tasks",
-        nargs="+",
-        default=None,
-        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
-    )
+    targets.add_tasks_arg(p)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--prompts", type=int, default=24, help="held-out prompts per task (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=128)
