@@ -75,6 +75,8 @@ def test_dflash_trains_exports_and_resumes(dflash_run):
     assert second["step"] > first["step"]
     assert second["wall_minutes"] > first["wall_minutes"]
     assert second["history"][: len(first["history"])] == first["history"]
+    # the model card lists every session's command line
+    assert second["commands"] == first["commands"] + [again.command] and len(second["commands"]) == 2
 
 
 @pytest.mark.parametrize(
@@ -128,3 +130,12 @@ def test_target_trains_and_exports(tmp_path):
     assert s["step"] >= 1 and s["config"]["hidden_size"] == 64 and s["config"]["num_attention_heads"] == 4
     model = load_model(tmp_path / "export", dtype=torch.float32)
     assert model.config.num_hidden_layers == 1
+
+
+def test_model_card_commands():
+    """Every session's command line in order; a run recorded before sessions were kept: its one."""
+    from flashspark.train.common import command_lines
+
+    assert command_lines({"commands": ["a --minutes 5", "a --resume"], "args": {}}, "d") == "a --minutes 5\na --resume"
+    assert command_lines({"args": {"command": "b"}}, "d") == "b"
+    assert command_lines({"commands": [""], "args": {"command": ""}}, "d") == "d"

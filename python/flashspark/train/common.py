@@ -259,6 +259,7 @@ class TrainedRun:
     sequences: int  # the data pool's size and sequence length
     seq_len: int
     data: dict | None = None  # a `train data` directory's facts (TargetData.facts)
+    commands: list[str] = dataclasses.field(default_factory=list)  # each session's command line
 
 
 def train_drafter(
@@ -282,7 +283,7 @@ def train_drafter(
         lr=a.lr,
         betas=(0.9, 0.95),
     )
-    step, elapsed, history, prior_wall = 0, 0.0, [], 0.0
+    step, elapsed, history, prior_wall, commands = 0, 0.0, [], 0.0, []
     if a.resume:
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if ck["config"] != dataclasses.asdict(config):
@@ -291,12 +292,14 @@ def train_drafter(
         opt.load_state_dict(ck["opt"])
         step, elapsed, history = ck["step"], ck["elapsed"], ck["history"]
         prior_wall = ck.get("wall", 0.0)
+        commands = ck.get("commands", [])
         # The checkpoint is written when training ends, before the export: a finished session's
         # wall time (export included) is its summary's.
         summary = out / "summary.json"
         if summary.is_file():
             prior_wall = max(prior_wall, 60.0 * json.loads(summary.read_text()).get("wall_minutes", 0.0))
         log(f"resumed at step {step}, {elapsed / 60:.1f} min trained")
+    commands = commands + [a.command]  # every session's command line, for the model card
     train_budget = elapsed + budget - prior_wall - (time.time() - wall_start) - a.export_reserve_min * 60
     if train_budget <= elapsed:
         log("no training time left in the budget: one step, then export")
@@ -332,6 +335,7 @@ def train_drafter(
                 "config": dataclasses.asdict(config),
                 "args": asdict(a),
                 "wall": prior_wall + time.time() - wall_start,
+                "commands": commands,
             },
             tmp,
         )
@@ -382,7 +386,7 @@ def train_drafter(
     bar.close()
     save_ckpt()
     facts = pool.facts() if isinstance(pool, TargetData) else None
-    return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L, facts)
+    return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L, facts, commands)
 
 
 def batch_sampler(pool, a, block_size: int):
@@ -619,6 +623,7 @@ def run_facts(a, config, target, decay: float, run: TrainedRun) -> dict:
         "train_minutes": run.elapsed / 60,
         "wall_minutes": (run.prior_wall + time.time() - run.wall_start) / 60,
         "history": run.history,
+        "commands": run.commands,
         "sequences": run.sequences,
         "seq_len": run.seq_len,
         "data": run.data,
@@ -688,6 +693,13 @@ def target_description(summary: dict) -> str:
     name = summary.get("target_name", catalog.DEFAULT_TARGET)
     known = catalog.TARGETS.get(name)
     return f"{known.description} (`--model {name}`)" if known else f"the target at `{name}`"
+
+
+def command_lines(summary: dict, default: str) -> str:
+    """A model card's training commands: each session's in order (a resumed run's too), else
+    the one recorded, else `default`."""
+    lines = [c for c in summary.get("commands", []) if c] or [summary["args"].get("command") or default]
+    return "\n".join(lines)
 
 
 def publish(summary: dict, out: str | Path, export_dir: Path, write_model_card) -> None:

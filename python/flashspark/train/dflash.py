@@ -30,6 +30,7 @@ from ..models.dflash import DFlashConfig, DFlashDrafter, load_dflash, save_dflas
 from .common import (
     DFlashTrainArgs,
     block_loss,
+    command_lines,
     data_description,
     data_pool,
     eval_description,
@@ -155,7 +156,7 @@ distillation from that target on two CPU cores. It drafts a block of
 ## Training
 
 ```
-{a["command"] or "python -m flashspark train dflash"}
+{command_lines(s, "python -m flashspark train dflash")}
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
@@ -164,7 +165,7 @@ distillation from that target on two CPU cores. It drafts a block of
   (packed under a block mask), loss weight exp(−(k−1)/{s["decay"]:g}) on block position k ≥ 1.
 - AdamW (β = 0.9, 0.95, weight decay {a["weight_decay"]}), peak lr {a["lr"]:g}, warmup
   {a["warmup_frac"] * 100:g}% then cosine to {a["min_lr_frac"] * 100:g}% on training time; bf16 autocast.
-- Training time {s["train_minutes"]:.1f} min; wall time of the whole command {s["wall_minutes"]:.1f} min
+- Training time {s["train_minutes"]:.1f} min; wall time of every session of the run {s["wall_minutes"]:.1f} min
   (data generation, evaluation and export included).
 
 ## Held-out acceptance (temperature 0)

@@ -35,6 +35,7 @@ from .common import (
     backbone_line,
     block_loss,
     block_targets,
+    command_lines,
     data_description,
     data_pool,
     eval_anchors,
@@ -269,7 +270,7 @@ lattice of the block. Trained by distillation from that target on CPU.
 ## Training
 
 ```
-{a["command"] or "python -m flashspark train dflash2"}
+{command_lines(s, "python -m flashspark train dflash2")}
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.

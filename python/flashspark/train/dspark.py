@@ -43,6 +43,7 @@ from .common import (
     DerivedDrafterArgs,
     backbone_line,
     block_targets,
+    command_lines,
     data_description,
     data_pool,
     eval_anchors,
@@ -406,7 +407,7 @@ the chance each draft survives verification, calibrated per position
 ## Training
 
 ```
-{a["command"] or "python -m flashspark train dspark"}
+{command_lines(s, "python -m flashspark train dspark")}
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
