@@ -431,9 +431,8 @@ def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Ten
     """Teacher forcing of packed blocks: (prev, target) [B, nb, γ-1] for block positions
     k = 1..γ-1; target = the target's greedy token at anchor + k (as in `block_loss`), prev
     = the token before it (the anchor token at k = 1, the previous target token after)."""
-    ks = torch.arange(1, block_size)
     B, nb = anchors.shape
-    target = labels.gather(1, (anchors[..., None] + ks).flatten(1)).view(B, nb, block_size - 1)
+    target = labels.gather(1, predicted_positions(anchors, block_size)).view(B, nb, block_size - 1)
     prev = torch.cat([tokens.gather(1, anchors)[..., None], target[..., :-1]], -1)
     return prev, target
 
