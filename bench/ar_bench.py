@@ -10,18 +10,15 @@ second. Writes bench/results/ar_bench.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
+import timing
 import torch
 from flashspark import data
 from flashspark.decoding.plain import generate
 from flashspark.models import load_model
-from flashspark.train.common import hardware_string
 
 
 def run(args) -> dict:
@@ -57,18 +54,8 @@ def run(args) -> dict:
             f"{row['ms_per_step']:>11.2f} {row['prefill_s']:>10.3f}",
             flush=True,
         )
-    hw = hardware_string()
-    if device.type == "cuda":
-        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
     return {
-        "benchmark": "ar",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw,
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "command": "python bench/ar_bench.py " + shlex.join(sys.argv[1:]),
+        **timing.result_header("ar", "ar_bench.py", None, device, dtype),
         # Other work on the machine skews CPU numbers; record how busy it was.
         "loadavg_at_start": list(os.getloadavg()),
         "note": args.note,
@@ -104,10 +91,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    timing.save_result(result, args.out)
     return 0
 
 

@@ -19,19 +19,17 @@ diagram per temperature beside it (calibration_t0.png, ...).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import sys
 from pathlib import Path
 
 import targets
+import timing
 import torch
+from flashspark.cli.common import check_args
 from flashspark.cli.fit import collect_records
 from flashspark.methods import drafter_dir_of, load_proxy, make_decoder
 from flashspark.scheduling.calibration import calibration_report, online_confidences, plot_reliability
 from flashspark.scheduling.margin import MarginLogistic
-from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_STEM = "calibration"
@@ -73,8 +71,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="JSON path (default bench/results/calibration[_<target>].json)")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
     try:
+        check_args(args)
+        torch.set_num_threads(args.threads)
         target = targets.load_bench_target(args)
         dflash2_dir = drafter_dir_of("dflash2", args.dflash2, target.model)
         dspark = make_decoder("dspark", target.model, drafter_dir=args.dspark)
@@ -88,10 +87,7 @@ def main(argv=None) -> int:
     # The tiny target's shipped fits decoded without a stop token; an instruct target stops at its EOS.
     eos = None if target.tiny else target.eos_id()
     result = {
-        "benchmark": "calibration",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hardware_string(),
-        "command": "python bench/calibration_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        **timing.result_header("calibration", "calibration_bench.py", argv, target.model.lm_head.weight.device),
         "target": target.label,
         "prompts": len(prompts),
         "prompt_tokens": args.prompt_tokens if target.tiny else None,
@@ -128,8 +124,7 @@ def main(argv=None) -> int:
         result["temperatures"][f"{t:g}"] = {"reports": reports, "online_final_state": states, "plot": png.name}
         for name, r in reports.items():
             print(f"{t:>4g} {name:>34} {r['ece_cumulative']:>12.4f} {r['auc']:>6.3f} {r['observations']:>13}")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    timing.save_result(result, out)
     return 0
 
 

@@ -22,19 +22,16 @@ would): every method and cell does the same work.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import e2e_bench
 import targets
-import torch
+import timing
+from flashspark.cli.common import check_args
 from flashspark.methods import DRAFTERS, parse_method
 from flashspark.models import catalog
-from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMBO = "dflash2:sched=confidence"
@@ -223,6 +220,7 @@ def main(argv=None) -> int:
         args.max_new_tokens, args.repeats, args.min_prompts = 48, 1, 8
     t0 = time.time()
     try:
+        check_args(args)
         tag = targets.result_tag(args.model)
         out = Path(args.out) if args.out else RESULTS / f"combo_bench{tag}{'_quick' if args.quick else ''}.json"
         target = e2e_bench.load_target(args)
@@ -240,21 +238,12 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    hw = hardware_string()
-    if args.device.startswith("cuda"):
-        hw = f"{torch.cuda.get_device_name(args.device)}; host {hw}"
+    weight = target.model.lm_head.weight
     result = {
-        "benchmark": "combo",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw,
-        "device": args.device,
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "command": "python bench/combo_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+        **timing.result_header("combo", "combo_bench.py", argv, weight.device, weight.dtype),
         "minutes": (time.time() - t0) / 60,
         "target": str(args.model or "shipped target"),
         "target_label": target.label,
-        "dtype": str(target.model.lm_head.weight.dtype).removeprefix("torch."),
         "tasks": args.tasks,
         "temperatures": args.temperatures,
         "methods": list(methods),
@@ -267,8 +256,7 @@ def main(argv=None) -> int:
         "results": rows,
     }
     result["verdict"] = verdict(rows, args.noise)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    timing.save_result(result, out)
     md = out.with_suffix(".md")
     md.write_text(markdown(result, gamma))
     pngs = []

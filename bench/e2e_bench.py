@@ -28,19 +28,17 @@ Also reports drafts verified per step and the fraction of them rejected
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
 
 import targets
+import timing
 import torch
+from flashspark.cli.common import check_args
 from flashspark.decoding.plain import generate
 from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method
 from flashspark.models import catalog
-from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence"]
@@ -166,18 +164,8 @@ def run(args, target: targets.BenchTarget | None = None, methods=None) -> dict:
                 f"{row['ms_per_step']:>8.2f}  {'' if same is None else ('yes' if same else 'NO')}",
                 flush=True,
             )
-    hw = hardware_string()
-    if device.type == "cuda":
-        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
     return {
-        "benchmark": "e2e",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw,
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "command": "python bench/e2e_bench.py " + shlex.join(sys.argv[1:]),
+        **timing.result_header("e2e", "e2e_bench.py", None, device, dtype),
         "target": str(args.model or "shipped target"),
         "target_label": bench_target.label,
         "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
@@ -311,6 +299,7 @@ def main(argv=None) -> int:
         args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 16
     suffix = ("_quick" if args.quick else "") + (f"_t{args.temperature:g}" if args.temperature else "")
     try:
+        check_args(args)
         for m in args.methods:
             if m != "ar":
                 parse_method(m)
@@ -319,10 +308,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    timing.save_result(result, out, plot)
     return 0
 
 

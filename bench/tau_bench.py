@@ -28,18 +28,15 @@ DFlash's and DSpark τ >= DFlash's (each with its measured value and pass / fail
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
 
 import e2e_bench
 import targets
-import torch
+import timing
+from flashspark.cli.common import check_args
 from flashspark.methods import DRAFTERS, parse_method
-from flashspark.train.common import hardware_string
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = list(DRAFTERS)
@@ -64,16 +61,14 @@ def check_methods(methods: list[str]) -> None:
 def summarize(stats: list[dict]) -> dict:
     """τ and acceptance over the batches of one row, from the loop's per-batch stats."""
     steps = sum(s["steps"] for s in stats)
-    # The loop's τ is (accepted + steps) / steps over a batch's request-steps: this undoes it.
-    accepted = sum(round((s["tau"] - 1.0) * s["steps"]) for s in stats)
+    accepted = sum(s["drafts_verified"] - s["drafts_wasted"] for s in stats)
     per_request = [t for s in stats for t in s["tau_per_request"]]
-    # Per batch, position k's rate is over the request-steps that verified draft k; with a fixed
-    # K every live request-step verifies every position, so weighting the batches by their
-    # steps gives the rate over all of them (with a confidence scheduler, an approximation).
-    tried = [(s["acceptance_per_position"], s["steps"]) for s in stats if s["acceptance_per_position"]]
-    width = min((len(a) for a, _ in tried), default=0)
-    weight = sum(n for _, n in tried)
-    acceptance = [sum(a[k] * n for a, n in tried) / max(1, weight) for k in range(width)]
+    # Position k's rate over every request-step of the row that verified draft k (the batches' counts summed).
+    width = min(len(s["tried_per_position"]) for s in stats)
+    acceptance = [
+        sum(s["accepted_per_position"][k] for s in stats) / max(1, sum(s["tried_per_position"][k] for s in stats))
+        for k in range(width)
+    ]
     return {
         "tau": (accepted + steps) / max(1, steps),
         "tau_request_mean": statistics.fmean(per_request),
@@ -231,12 +226,16 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/tau_bench[_<target>].json)")
     args = p.parse_args(argv)
-    if args.prompts < 1 or args.batch_size < 1:
-        p.error("--prompts and --batch-size must be positive")
+    try:
+        check_args(args)  # ranges (NaN and inf temperatures too) and the device
+    except ValueError as e:
+        p.error(str(e))
     if args.max_new_tokens < 2:
         p.error("--max-new-tokens must be at least 2 (the first token comes from the prefill, not a step)")
-    if any(t < 0 for t in args.temperatures):
-        p.error("--temperatures must be >= 0")
+    for name in ("tasks", "temperatures"):
+        values = getattr(args, name) or []
+        if len(set(values)) != len(values):
+            p.error(f"--{name} repeats a value: its rows would count twice in the summary")
     return args
 
 
@@ -254,20 +253,10 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    device = target.model.lm_head.weight.device
-    hw = hardware_string()
-    if device.type == "cuda":
-        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
+    weight = target.model.lm_head.weight
     result = {
-        "benchmark": "tau",
-        "command": "python bench/tau_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw,
-        "device": str(device),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        **timing.result_header("tau", "tau_bench.py", argv, weight.device, weight.dtype),
         "target": target.label,
-        "dtype": str(target.model.lm_head.weight.dtype).removeprefix("torch."),
         "drafters": {name: str(getattr(args, name) or "shipped") for name in DRAFTERS},
         "settings": {
             "methods": args.methods,
@@ -287,10 +276,7 @@ def main(argv=None) -> int:
     print_table(rows)
     if result["bars"] is not None:
         print_bars(result["bars"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    timing.save_result(result, out, plot)
     return 0
 
 

@@ -6,12 +6,15 @@ import datetime as dt
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+from flashspark.train.common import hardware_string
 
 
 def run_child(script: str, build: str, args=()) -> dict:
@@ -71,3 +74,35 @@ def write_result(benchmark: str, script: str, argv, device: torch.device, rows: 
         json.dump(result, f, indent=2)
     print(f"wrote {os.path.relpath(out)}")
     return result
+
+
+def result_header(benchmark: str, script: str, argv, device, dtype=None) -> dict:
+    """The first keys of an end-to-end benchmark's JSON: its name, when, where (the GPU's name,
+    then the host's), the dtype and thread count, and the command line that produced it."""
+    device = torch.device(device)
+    hw = hardware_string()
+    if device.type == "cuda":
+        hw = f"{torch.cuda.get_device_name(device)}; host {hw}"
+    header = {
+        "benchmark": benchmark,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw,
+        "device": str(device),
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": f"python bench/{script} " + shlex.join(sys.argv[1:] if argv is None else argv),
+    }
+    return header if dtype is not None else {k: v for k, v in header.items() if k != "dtype"}
+
+
+def save_result(result: dict, out, plot=None) -> None:
+    """Write a benchmark's JSON to `out` and, given `plot(result, png_path)`, its PNG beside it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    written = [str(out)]
+    if plot is not None:
+        plot(result, out.with_suffix(".png"))
+        written.append(str(out.with_suffix(".png")))
+    print(f"wrote {' and '.join(written)}")

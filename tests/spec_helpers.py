@@ -7,6 +7,10 @@ from flashspark.decoding import speculative_generate
 from flashspark.models import DecoderConfig, DecoderForCausalLM
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter
 
+# The arguments every seconds-long drafter training run of the tests shares: one fp32 layer,
+# evaluations every step or so, the whole budget for training (no export reserve).
+SMALL_RUN = dict(layers=1, eval_every_min=0.01, export_reserve_min=0.0, bf16=False)
+
 
 def tiny_target(vocab=48, layers=2, seed=0, scale=30.0) -> DecoderForCausalLM:
     cfg = DecoderConfig(

@@ -333,8 +333,13 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer, prompt_set
 
 
 def write_json(path: str | Path, obj) -> None:
-    """Pretty, stable JSON (sorted keys) ending in a newline."""
-    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Pretty, stable JSON (sorted keys) ending in a newline, written whole or not at all: a
+    reader, or a run killed mid-write, never sees half a file (progress records say which
+    hours-long shards are complete)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
 
 
 # --------------------------------------------------------- prompt sets for an instruct target

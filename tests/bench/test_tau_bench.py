@@ -19,27 +19,35 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TINY_RUN = ["--prompts", "2", "--max-new-tokens", "8", "--temperatures", "0", "--threads", "1"]
 
 
-def batch_stats(accepted: list[int], steps: list[int], acceptance: list[float]) -> dict:
-    """What the loop returns for one batch, reduced to the keys tau_bench reads."""
+def batch_stats(accepted: list[int], steps: list[int], tried: list[int], hits: list[int]) -> dict:
+    """What the loop returns for one batch, reduced to the keys tau_bench reads: per request its
+    accepted drafts and steps, per draft position the request-steps that verified and accepted it."""
+    verified = sum(tried)
     return {
         "steps": sum(steps),
         "tau": (sum(accepted) + sum(steps)) / sum(steps),
         "tau_per_request": [(a + s) / s for a, s in zip(accepted, steps)],
-        "acceptance_per_position": acceptance,
+        "drafts_verified": verified,
+        "drafts_wasted": verified - sum(accepted),
+        "acceptance_per_position": [h / max(1, t) for h, t in zip(hits, tried)],
+        "accepted_per_position": hits,
+        "tried_per_position": tried,
         "new_tokens": sum(a + s for a, s in zip(accepted, steps)),
         "iterations": max(steps),
         "seconds": 1.0,
     }
 
 
-def test_summarize_weights_by_request_steps():
-    a = batch_stats([6, 2], [2, 2], [1.0, 0.5])  # 4 steps, 8 accepted
-    b = batch_stats([0], [4], [0.0, 0.0])  # 4 steps, nothing accepted
+def test_summarize_counts_request_steps():
+    # a confidence scheduler verified draft 2 at only 2 of batch a's 4 request-steps
+    a = batch_stats([4, 1], [2, 2], tried=[4, 2], hits=[4, 1])  # 4 steps, 5 accepted
+    b = batch_stats([0], [4], tried=[4, 4], hits=[0, 0])  # 4 steps, nothing accepted
     s = tau_bench.summarize([a, b])
-    assert s["steps"] == 8 and s["accepted"] == 8 and s["requests"] == 3
-    assert s["tau"] == pytest.approx(2.0)  # (8 + 8) / 8 over all request-steps
-    assert s["tau_per_request"] == [4.0, 2.0, 1.0] and s["tau_request_mean"] == pytest.approx(7 / 3)
-    assert s["acceptance_per_position"] == pytest.approx([0.5, 0.25])
+    assert s["steps"] == 8 and s["accepted"] == 5 and s["requests"] == 3
+    assert s["tau"] == pytest.approx(13 / 8)  # (5 + 8) / 8 over all request-steps
+    assert s["tau_per_request"] == [3.0, 1.5, 1.0] and s["tau_request_mean"] == pytest.approx(5.5 / 3)
+    # over the request-steps that verified each draft: 4 of 8, 1 of 6 (weighting batches by steps: 0.25)
+    assert s["acceptance_per_position"] == pytest.approx([0.5, 1 / 6])
 
 
 def test_bars():

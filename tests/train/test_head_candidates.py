@@ -1,12 +1,15 @@
 """The LM head trained over a candidate vocabulary (`--head-negatives`): over the whole
 vocabulary it is the full loss exactly, every label and stored Top-K token is a candidate,
-and a candidate set without a label is refused."""
+the log-Q weighted draws estimate the full softmax normaliser without bias (the unweighted
+ones do not), and a candidate set without a label is refused."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from flashspark.train.common import block_loss, head_candidates, predicted_positions
+from flashspark.train.common import HeadCandidates, block_loss, head_candidates, predicted_positions
 from spec_helpers import tiny_drafter, tiny_target
 
 G = 5
@@ -32,20 +35,21 @@ def test_whole_vocabulary_is_the_full_loss():
     w = torch.exp(-torch.arange(G - 1.0) / 2)
     args = (b["features"], b["tokens"], b["labels"], b["anchors"], w)
     full, hits_full = block_loss(d, *args)
-    every, hits_every = block_loss(d, *args, torch.arange(target.config.vocab_size))
+    V = target.config.vocab_size
+    every, hits_every = block_loss(d, *args, HeadCandidates(torch.arange(V), torch.zeros(V)))
     torch.testing.assert_close(every, full)
     assert torch.equal(hits_every, hits_full)
-    # a strict subset drops terms of the normaliser: the loss can only fall
-    cand = head_candidates(b, b["anchors"], G, target.config.vocab_size, 3, torch.Generator().manual_seed(0))
+    # a strict subset without the correction drops terms of the normaliser: the loss can only fall
+    cand = head_candidates(b, b["anchors"], G, V, 3, torch.Generator().manual_seed(0), logq=False)
     sub, _ = block_loss(d, *args, cand)
-    assert len(cand) < target.config.vocab_size and sub < full
+    assert len(cand.ids) < V and sub < full and not cand.log_weight.any()
 
 
 def test_candidates_hold_labels_and_topk():
     target = tiny_target(vocab=512)
     b = batch(target)
     V = target.config.vocab_size
-    cand = head_candidates(b, b["anchors"], G, V, 5, torch.Generator().manual_seed(0))
+    cand, log_weight = head_candidates(b, b["anchors"], G, V, 5, torch.Generator().manual_seed(0))
     assert torch.equal(cand, cand.unique()) and 0 <= int(cand.min()) and int(cand.max()) < V
     pos = predicted_positions(b["anchors"], G)
     need = torch.cat(
@@ -54,6 +58,37 @@ def test_candidates_hold_labels_and_topk():
     assert torch.isin(need, cand).all()
     # positions no block predicts contribute nothing but the uniform draws
     assert len(cand) <= need.unique().numel() + 5
+    # the certain tokens count once; a draw stands for the rest of the vocabulary over the draws
+    certain = torch.isin(cand, need.unique())
+    assert not log_weight[certain].any()
+    drawn = int((~certain).sum())
+    assert drawn > 0
+    torch.testing.assert_close(log_weight[~certain], torch.full((drawn,), math.log((V - int(certain.sum())) / drawn)))
+
+
+@pytest.mark.parametrize("logq", [True, False])
+def test_weighted_draws_estimate_the_normaliser(logq):
+    """Over many batches' draws the weighted sampled normaliser averages to the full one; the
+    unweighted one falls far short (the bias that put a quarter of SmolLM2's position-1 argmaxes
+    outside the target's Top-32)."""
+    V, N = 512, 16
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(V, generator=gen) * 2
+    b = {
+        "labels": torch.randint(0, V, (1, 12), generator=gen),
+        "topk_ids": torch.randint(0, V, (1, 12, 3), generator=gen),
+        "anchors": torch.tensor([[0, 5]]),
+    }
+    full = logits.exp().sum()
+    estimates = []
+    for _ in range(4000):
+        ids, log_weight = head_candidates(b, b["anchors"], G, V, N, gen, logq=logq)
+        estimates.append((logits[ids] + log_weight).exp().sum())
+    ratio = float(torch.stack(estimates).mean() / full)
+    if logq:
+        assert abs(ratio - 1) < 0.03, ratio
+    else:
+        assert ratio < 0.3, ratio
 
 
 def test_candidates_without_a_label_are_refused():
@@ -62,6 +97,7 @@ def test_candidates_without_a_label_are_refused():
     b = batch(target)
     w = torch.ones(G - 1)
     label = int(b["labels"][0, int(b["anchors"][0, 0]) + 1])
-    cand = torch.tensor([i for i in range(target.config.vocab_size) if i != label])
+    ids = torch.tensor([i for i in range(target.config.vocab_size) if i != label])
+    cand = HeadCandidates(ids, torch.zeros(len(ids)))
     with pytest.raises(ValueError, match="every label"):
         block_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], w, cand)

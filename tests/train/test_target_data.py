@@ -4,8 +4,8 @@ equals an uninterrupted one shard for shard, settings cannot change under --resu
 drafter trainers read the data (anchors in each row's continuation, ragged held-out sets, a
 shared backbone exported once)."""
 
+import fcntl
 import json
-import os
 import subprocess
 import sys
 
@@ -24,9 +24,19 @@ from flashspark.train.dflash2 import train as train_dflash2
 from flashspark.train.dspark import DSparkTrainArgs
 from flashspark.train.dspark import train as train_dspark
 from flashspark.train.target_data import DataArgs, TargetData, generate_data, sample_row_anchors
+from spec_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# A writer in another process: takes the lock the way `writer_lock` does, says so, holds it until stdin closes.
+HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, str(os.getpid()).encode())
+print("locked", flush=True)
+sys.stdin.read()
+"""
 SMALL = dict(target="tiny", kinds="code:2,prose:1", max_prompts=4, max_new_tokens=10, batch_size=3, threads=1)
 
 
@@ -97,24 +107,35 @@ def test_anchors_and_held_out_sets(generated):
         assert counted[0] == ev["start"][b] and counted[-1] == ev["length"][b] - 8
 
 
+def test_windows_and_held_out_sets_that_cannot_be_built_are_refused(generated):
+    """A window shorter than a continuation would start past the prompt (negative anchors deep
+    in training); a held-out set with no block to score would be empty."""
+    d = TargetData(generated)
+    longest = int((d.index[:, 2] - d.index[:, 3]).max())  # generated tokens of the longest continuation
+    with pytest.raises(ValueError, match=f"--window greater than {longest}"):
+        d.rows([int((d.index[:, 2] - d.index[:, 3]).argmax())], window=longest)
+    d.rows([int((d.index[:, 2] - d.index[:, 3]).argmax())], window=longest + 1)
+    with pytest.raises(ValueError, match="no sequence with a block of 1000"):
+        d.eval_set(1000, 4096)
+    with pytest.raises(ValueError, match="among its first 0"):
+        d.eval_set(4, 4096, limit=0)
+
+
 @pytest.mark.slow
 def test_drafters_train_on_the_data_with_one_shared_backbone(generated, tmp_path):
     """DFlash, then DFlash 2 and DSpark on its frozen backbone: each trains and exports; the
     derived drafters' files hold only their own parts and load with the backbone's weights."""
     common = dict(
+        SMALL_RUN,
         target="tiny",
         data_from=str(generated),
         eval_from=str(generated),
         minutes=0.05,
-        export_reserve_min=0.0,
         threads=1,
-        layers=1,
         intermediate_size=64,
         batch_size=2,
         blocks_per_seq=2,
         block_size=4,
-        eval_every_min=0.01,
-        bf16=False,
     )
     base = tmp_path / "dflash"
     # the backbone's head over the batch's stored Top-K plus uniform draws (--head-negatives)
@@ -144,14 +165,20 @@ def test_drafters_train_on_the_data_with_one_shared_backbone(generated, tmp_path
 
 
 def test_one_writer_per_directory(tmp_path):
-    """A live writer's lock refuses a second run; a dead writer's lock is taken over."""
+    """A live writer's lock refuses a second run, naming the writer; a dead writer's lock file
+    (no lock held) is taken over, and a finished run leaves the directory unlocked."""
     out = tmp_path / "d"
     out.mkdir()
-    (out / ".lock").write_text(str(os.getpid()))
-    with pytest.raises(ValueError, match="being written by process"):
-        generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (out / ".lock").write_text(str(dead.pid))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out / ".lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        with pytest.raises(ValueError, match=f"being written by process {holder.pid}"):
+            generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))
+    finally:
+        holder.communicate(b"")  # it exits: the kernel drops its lock, the file stays
+    assert (out / ".lock").read_text() == str(holder.pid)
     assert generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))["shards"] == ["shard_00000"]
-    assert not (out / ".lock").exists()
+    with open(out / ".lock") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again

@@ -18,6 +18,7 @@ from flashspark.train.dspark import DSparkTrainArgs
 from flashspark.train.dspark import train as train_dspark
 from flashspark.train.target import TrainArgs
 from flashspark.train.target import train as train_target
+from spec_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 # The budget leaves training time even when generating the 32 sequences takes 4x its usual few
 # seconds (a loaded 2-core machine): a run that spends its budget generating trains 0 steps.
 TINY = dict(
+    SMALL_RUN,
     minutes=0.6,
-    export_reserve_min=0.0,
     gen_frac=0.3,
     max_sequences=32,
     gen_batch=16,
@@ -34,11 +35,8 @@ TINY = dict(
     gen_tokens=64,
     batch_size=4,
     blocks_per_seq=4,
-    layers=1,
     eval_sequences=4,
-    eval_every_min=0.01,
     ckpt_every_min=0.05,
-    bf16=False,
 )
 
 

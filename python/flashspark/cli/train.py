@@ -99,6 +99,13 @@ def add_dflash_options(p, d: DFlashTrainArgs) -> None:
         help="train the LM head over the target's stored Top-K of each batch plus this many uniform "
         "random tokens (0 = the whole vocabulary; needs a `train data` directory)",
     )
+    p.add_argument(
+        "--head-logq",
+        action=argparse.BooleanOptionalAction,
+        default=d.head_logq,
+        help="with --head-negatives, weight each uniform draw by the share of the vocabulary it stands "
+        "for (the sampled softmax's log-Q correction; off: each counts once)",
+    )
 
 
 def add_derived_options(p, d) -> None:

@@ -76,6 +76,9 @@ class LoopStats:
             "drafts_wasted": int(verified.sum() - accepted.sum()),
             # Fraction of request-steps whose draft k (k = 1..K) was accepted, among those that verified it.
             "acceptance_per_position": (self.pos_accepted / self.pos_tried.clamp(min=1)).tolist(),
+            # ... and its counts, which sum exactly over batches
+            "accepted_per_position": self.pos_accepted.tolist(),
+            "tried_per_position": self.pos_tried.tolist(),
             "seconds": seconds,
             "prefill_seconds": clock.seconds.get("prefill", 0.0),
             "decode_seconds": seconds - clock.seconds.get("prefill", 0.0),

@@ -165,7 +165,10 @@ def target_tokenizer(ref: TargetRef) -> Tokenizer:
             vocab = None  # loading the model says what is wrong with its config
         if vocab in (None, shipped.get_vocab_size()):
             return shipped
-        raise FileNotFoundError(f"the model at {ref.path} has no tokenizer.json: pass --tokenizer")
+        raise FileNotFoundError(
+            f"the model at {ref.path} has no tokenizer.json, and its vocabulary is not the tiny target's: "
+            "put the model's tokenizer.json beside its config.json"
+        )
     return load_tokenizer(ref.path)
 
 
@@ -209,10 +212,13 @@ def drafter_dir(method: str, target) -> Path:
 
 
 def train_hint(method: str, known: KnownTarget | None) -> str:
-    """The commands that train a missing drafter (docs/smollm2.md for the real target)."""
+    """The commands that train a missing drafter (docs/smollm2.md for the real target): the
+    held-out and calibration continuations the trainers evaluate and calibrate on, the
+    training data, the backbone, then the drafter."""
     if known is None or known.name == DEFAULT_TARGET:
         return f"python -m flashspark train {method}"
-    steps = [f"python -m flashspark train data --target {known.name}"]
+    data = f"python -m flashspark train data --target {known.name}"
+    steps = [f"{data} --split heldout --max-prompts 24", f"{data} --split calibration --max-prompts 24", data]
     steps.append(f"python -m flashspark train dflash --target {known.name}")
     if method != "dflash":
         steps.append(f"python -m flashspark train {method} --target {known.name}")

@@ -12,7 +12,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -97,6 +97,7 @@ class DFlashTrainArgs(RunArgs):
     # the target's stored Top-K at the batch's predicted positions plus N uniform random tokens
     # (a `train data` directory only). Held-out evaluations always use the whole vocabulary.
     head_negatives: int = 0
+    head_logq: bool = True  # weight the uniform draws by the share of the vocabulary each stands for
 
     def gamma_d(self) -> float:
         """γ_d of the position weights: --decay, else the DFlash paper's value for γ (γ/2 off its table)."""
@@ -507,25 +508,49 @@ def predicted_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchors[..., None] + torch.arange(1, block_size)).flatten(1)
 
 
-def head_candidates(batch: dict, anchors: torch.Tensor, block_size: int, vocab_size: int, negatives: int, gen):
-    """The sorted vocabulary the LM head is trained over for one batch: the target's Top-K at
-    every predicted position (its greedy label among them), the labels, and `negatives` tokens
-    drawn uniformly. On a 49152-token vocabulary the head over 2048 predicted positions is most
-    of a CPU training step; the target's Top-32 of a batch spans about a tenth of it and holds
-    every token the target finds plausible there, and the uniform draws (new each step) keep
-    pushing the rest down. Only the ranking of plausible tokens is learned less exactly than
-    by the full softmax, and held-out evaluations score the whole vocabulary."""
+class HeadCandidates(NamedTuple):
+    """The LM head's vocabulary for one batch (`head_candidates`): sorted token ids holding
+    every label, and the log of how many tokens of the whole vocabulary each one stands for in
+    the softmax's normaliser (0 for a token that is always there)."""
+
+    ids: torch.Tensor  # [C] int64, sorted, unique
+    log_weight: torch.Tensor  # [C] fp32
+
+
+def head_candidates(
+    batch: dict, anchors: torch.Tensor, block_size: int, vocab_size: int, negatives: int, gen, logq: bool = True
+) -> HeadCandidates:
+    """The vocabulary the LM head is trained over for one batch: the target's Top-K at every
+    predicted position (its greedy label among them), the labels, and `negatives` tokens drawn
+    uniformly. On a 49152-token vocabulary the head over 2048 predicted positions is most of a
+    CPU training step; the target's Top-32 of a batch spans about a tenth of it and holds every
+    token the target finds plausible there.
+
+    The uniform draws stand for the rest of the vocabulary. Without a correction each counts
+    once in the normaliser, so a token outside the Top-K is pushed down about V / N times too
+    weakly, and the drafter's argmax over the whole vocabulary lands on such tokens (a quarter
+    of position-1 drafts on SmolLM2's held-out data). With `logq` each draw's logit is raised by
+    log(rest / drawn): the sampled normaliser is an unbiased estimate of the full one (sampled
+    softmax with the log-Q correction)."""
     pos = predicted_positions(anchors, block_size)
     ids = batch["topk_ids"].gather(1, pos[..., None].expand(-1, -1, batch["topk_ids"].shape[-1]))
     labels = batch["labels"].gather(1, pos).clamp(min=0)
-    rand = torch.randint(0, vocab_size, (negatives,), generator=gen)
-    return torch.cat([ids.flatten(), labels.flatten(), rand]).unique()
+    certain = torch.cat([ids.flatten(), labels.flatten()]).unique()
+    rand = torch.randint(0, vocab_size, (negatives,), generator=gen).unique()
+    drawn = rand[~torch.isin(rand, certain)]
+    every = torch.cat([certain, drawn])
+    order = every.argsort()
+    log_weight = torch.zeros(len(every))
+    if logq and len(drawn):
+        log_weight[len(certain) :] = math.log((vocab_size - len(certain)) / len(drawn))
+    return HeadCandidates(every[order], log_weight[order])
 
 
 def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, candidates=None):
     """Weighted CE over block positions 1..gamma-1 and the top-1 hits [B, nb, gamma-1]; with
-    `candidates` (sorted token ids holding every label, `head_candidates`) the softmax and the
-    hits are over those tokens only."""
+    `candidates` (`head_candidates`: they must hold every label) the softmax is over those tokens
+    only, each weighted by the share of the vocabulary it stands for, and the hits are over
+    the candidates' own logits."""
     g = drafter.block_size
     B, nb = anchors.shape
     S = feats.shape[1]
@@ -535,14 +560,16 @@ def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, 
     target = labels.gather(1, predicted_positions(anchors, g)).view(B, nb, g - 1)
     if candidates is None:
         logits = drafter.logits(hidden)  # [B, nb, g-1, V] fp32
+        scored = logits
     else:
-        w = drafter.head_weight[candidates]
-        logits = F.linear(hidden, w.to(hidden.dtype)).float()  # [B, nb, g-1, |candidates|]
-        index = torch.searchsorted(candidates, target)
-        if not torch.equal(candidates[index.clamp(max=len(candidates) - 1)], target):
+        w = drafter.head_weight[candidates.ids]
+        logits = F.linear(hidden, w.to(hidden.dtype)).float()  # [B, nb, g-1, C]
+        scored = logits + candidates.log_weight
+        index = torch.searchsorted(candidates.ids, target).clamp(max=len(candidates.ids) - 1)
+        if not torch.equal(candidates.ids[index], target):
             raise ValueError("head candidates must hold every label")
         target = index
-    ce = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
+    ce = F.cross_entropy(scored.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
     loss = (ce * weights).sum() / (weights.sum() * B * nb)
     return loss, logits.argmax(-1) == target
 

@@ -82,7 +82,7 @@ def train(a: DFlashTrainArgs) -> dict:
     def loss_fn(d, b):
         cand = None
         if a.head_negatives:
-            cand = head_candidates(b, b["anchors"], g, vocab, a.head_negatives, head_gen)
+            cand = head_candidates(b, b["anchors"], g, vocab, a.head_negatives, head_gen, a.head_logq)
         loss, hits = block_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], weights, cand)
         return loss, {"acc1": hits[..., 0].float().mean().item()}
 

@@ -32,6 +32,7 @@ row's anchor range (its generated part), and padded held-out sets for evaluation
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -234,31 +235,21 @@ def _save_shard(directory: Path, rows: list[dict], meta: list[tuple[int, int, in
 @contextlib.contextmanager
 def writer_lock(directory: Path):
     """One writer per data directory: two runs appending to it would interleave their shards
-    and cursors. The lock file holds the writer's pid; one left by a process that died is taken over."""
+    and cursors. An advisory lock on `.lock`, which the kernel drops when its holder dies (no
+    stale lock to clear, no pid to be reused); the file keeps the holder's pid for the message."""
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / ".lock"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text() or 0)
-                os.kill(pid, 0)
-            except (ValueError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # stale: its writer is gone
-                continue
-            except PermissionError:
-                pass  # alive, another user's
-            raise ValueError(f"{directory} is being written by process {pid}: wait for it or stop it") from None
-    else:
-        raise ValueError(f"cannot lock {directory}")
+    fd = os.open(directory / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
     try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+            raise ValueError(f"{directory} is being written by process {holder}: wait for it or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        os.close(fd)  # releases the lock
 
 
 def generate_data(a: DataArgs) -> dict:
@@ -335,7 +326,7 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
         name = f"shard_{shard:05d}"
         n_tokens = _save_shard(out / name, rows, meta, vocab)
         progress["shards"].append(name)
-        progress["cursors"], progress["turn"] = stream.cursors, stream.turn
+        progress["cursors"], progress["turn"] = dict(stream.cursors), stream.turn
         progress["sequences"] += len(rows)
         progress["tokens"] += n_tokens
         progress["generated_tokens"] += sum(len(r["tokens"]) for r in rows) - sum(m[0] for m in meta)
@@ -421,6 +412,11 @@ class TargetData:
         for i in seqs:
             s, off, n, p = (int(x) for x in self.index[i])
             cut = max(0, n - window)
+            if p - cut < 1:  # the window would start inside the continuation: no context left
+                raise ValueError(
+                    f"a window of {window} tokens is shorter than {self.dir}'s continuations "
+                    f"({n - p} tokens): pass --window greater than {n - p}"
+                )
             parts.append((self.shards[s], off + cut, n - cut, p - cut))
         W = max(n for _, _, n, _ in parts)
         B = len(parts)
@@ -456,6 +452,11 @@ class TargetData:
         few dozen per row measure what every position would, at a fraction of the cost: the
         LM head over 49152 tokens dominates an evaluation."""
         seqs = self.usable(block_size)[:limit]
+        if len(seqs) == 0:
+            raise ValueError(
+                f"{self.dir} has no sequence with a block of {block_size} in its continuation"
+                + ("" if limit is None else f" among its first {limit}")
+            )
         ev = self.rows(seqs, window)
         ev["labels"] = ev["labels"].clamp(min=0)  # rows' padding: read by no anchor
         span = ev["length"] - block_size - ev["start"]  # the last anchor's offset
