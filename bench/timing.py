@@ -69,10 +69,7 @@ def write_result(benchmark: str, script: str, argv, device: torch.device, rows: 
         **run_info(device),
         rows=rows,
     )
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {os.path.relpath(out)}")
+    save_result(result, out)
     return result
 
 
@@ -101,8 +98,8 @@ def save_result(result: dict, out, plot=None) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    written = [str(out)]
+    written = [out]
     if plot is not None:
         plot(result, out.with_suffix(".png"))
-        written.append(str(out.with_suffix(".png")))
-    print(f"wrote {' and '.join(written)}")
+        written.append(out.with_suffix(".png"))
+    print(f"wrote {' and '.join(os.path.relpath(w) for w in written)}")
