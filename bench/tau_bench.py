@@ -16,18 +16,21 @@ Prints a table, writes bench/results/tau_bench[_<target>].json and a bar chart b
 
 The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py: the
 tiny target's are `--prompt-tokens` long (tasks code, prose), a real target's are the
-held-out prompt sets' (tasks chat, code, prose; ragged lengths). Every request decodes
-exactly `--max-new-tokens` tokens: a real server stops a request at EOS, but here none stops
-early, so every method is measured over the same number of tokens per request.
+held-out prompt sets' (tasks chat, code, prose; ragged lengths). A request stops at the
+target's EOS, as a server stops it (the drafters never learnt what follows EOS, and τ over
+text past it says nothing a user sees), or after `--max-new-tokens`; `--no-stop-at-eos`
+decodes exactly `--max-new-tokens` tokens per request instead.
 
 For a target other than the tiny one the JSON also holds the issue's bars, measured on the
-"all" rows: DFlash τ >= 3.0 at T = 0, and at every temperature measured DFlash 2 τ >= 1.10 x
-DFlash's and DSpark τ >= DFlash's (each with its measured value and pass / fail).
+"all" rows of each drafter at its fixed K = γ - 1 (`dflash` or `dflash:k=7` alike): DFlash
+τ >= 3.0 at T = 0, and at every temperature measured DFlash 2 τ >= 1.10 x DFlash's and DSpark
+τ >= DFlash's (each with its measured value and pass / fail).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +39,7 @@ import e2e_bench
 import targets
 import timing
 from flashspark.cli.common import check_args
-from flashspark.methods import DRAFTERS, parse_method
+from flashspark.methods import DRAFTERS, MethodSpec, parse_method
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = list(DRAFTERS)
@@ -88,6 +91,7 @@ def summarize(stats: list[dict]) -> dict:
 def measure(args, target: targets.BenchTarget, decoders: dict) -> tuple[list[dict], dict]:
     """Rows (method, temperature, task or "all", τ ...) and the prompt lengths per task."""
     prompts = {task: target.heldout_prompts(task, args.prompts, args.prompt_tokens) for task in args.tasks}
+    eos_id = target.eos_id() if args.stop_at_eos else None
     rows = []
     for spec, decode in decoders.items():
         for t in args.temperatures:
@@ -95,7 +99,10 @@ def measure(args, target: targets.BenchTarget, decoders: dict) -> tuple[list[dic
             for task in args.tasks:
                 batches = [prompts[task][i : i + args.batch_size] for i in range(0, args.prompts, args.batch_size)]
                 # Batch i draws with seed --seed + i, so its requests' streams differ from other batches'.
-                stats = [decode(batch, args.max_new_tokens, t, args.seed + i)[1] for i, batch in enumerate(batches)]
+                stats = [
+                    decode(batch, args.max_new_tokens, t, args.seed + i, eos_id=eos_id)[1]
+                    for i, batch in enumerate(batches)
+                ]
                 every += stats
                 rows.append(row(spec, t, task, decode, stats))
             rows.append(row(spec, t, ALL_TASKS, decode, every))
@@ -114,9 +121,19 @@ def row(spec: str, temperature: float, task: str, decode, stats: list[dict]) -> 
     }
 
 
+def bar_method(row: dict) -> str:
+    """The drafter a row measures for the bars (its name) when it runs the drafter's default
+    method, fixed K = γ - 1 however the spec spells it; else the spec itself (no bar reads it)."""
+    spec = parse_method(row["method"])
+    default_k = spec.k is None or spec.k == row.get("gamma", 0) - 1
+    return (
+        spec.drafter if default_k and dataclasses.replace(spec, k=None) == MethodSpec(spec.drafter) else row["method"]
+    )
+
+
 def bar_checks(rows: list[dict], temperatures: list[float]) -> dict:
     """The issue's bars on the "all" rows; a bar whose methods were not measured has passed None."""
-    tau = {(r["method"], r["temperature"]): r["tau"] for r in rows if r["task"] == ALL_TASKS}
+    tau = {(bar_method(r), r["temperature"]): r["tau"] for r in rows if r["task"] == ALL_TASKS}
     checks = []
     dflash0 = tau.get(("dflash", BAR_TEMPERATURE))
     checks.append(
@@ -222,6 +239,12 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default %(default)s)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--stop-at-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop a request at the target's EOS, as a server does (default); --no-stop-at-eos: decode every token",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/tau_bench[_<target>].json)")
@@ -268,7 +291,12 @@ def main(argv=None) -> int:
             "seed": args.seed,
             "prompt_tokens": args.prompt_tokens if target.tiny else None,
             "prompt_lengths": lengths,
-            "decoding": "fixed number of new tokens per request, no early stop at EOS",
+            "decoding": (
+                "each request stops at the target's EOS or after max_new_tokens"
+                if args.stop_at_eos
+                else "fixed number of new tokens per request, no early stop at EOS"
+            ),
+            "eos_id": target.eos_id() if args.stop_at_eos else None,
         },
         "results": rows,
         "bars": None if target.tiny else bar_checks(rows, args.temperatures),

@@ -98,3 +98,22 @@ def test_heldout_prompts_bad_args(tok):
         data.heldout_prompts("poetry", 2, 16, tok)
     with pytest.raises(ValueError, match="only"):
         data.heldout_prompts("code", 10**6, 64, tok)
+
+
+def test_atomic_write_is_whole_or_nothing(tmp_path):
+    """A write that fails midway leaves the old file as it was and no temporary beside it; one
+    that succeeds replaces it, under its own name (np.save adds no suffix through a file)."""
+    path = tmp_path / "ids.npy"
+    data.atomic_write(path, lambda f: np.save(f, np.arange(3)))
+    assert np.array_equal(np.load(path), np.arange(3))
+
+    def half_then_fail(f):
+        f.write(b"\x93NUMPY half a header")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        data.atomic_write(path, half_then_fail)
+    assert np.array_equal(np.load(path), np.arange(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ids.npy"]
+    data.write_json(tmp_path / "p.json", {"b": 1, "a": [2]})
+    assert (tmp_path / "p.json").read_text() == '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'

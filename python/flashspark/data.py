@@ -190,9 +190,7 @@ def split_token_ids(split: str, tokenizer, cache_dir: str | Path | None = None) 
     ids = encode_texts(tokenizer, [read_source(f) for f in files])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, ids)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: np.save(f, ids))
     return ids
 
 
@@ -332,14 +330,26 @@ def heldout_prompts(task: str, n: int, prompt_tokens: int, tokenizer, prompt_set
     return [list(candidates[i]) for i in picks]
 
 
-def write_json(path: str | Path, obj) -> None:
-    """Pretty, stable JSON (sorted keys) ending in a newline, written whole or not at all: a
-    reader, or a run killed mid-write, never sees half a file (progress records say which
-    hours-long shards are complete)."""
+def atomic_write(path: str | Path, write) -> None:
+    """Write `path` whole or not at all: `write(f)` fills a binary file open on a temporary
+    sibling, which then replaces `path` (one rename: a reader, or a run killed mid-write,
+    never sees half a file). A failed `write` leaves `path` as it was and no temporary."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj) -> None:
+    """Pretty, stable JSON (sorted keys) ending in a newline, written atomically (progress
+    records say which hours-long shards are complete)."""
+    text = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    atomic_write(path, lambda f: f.write(text))
 
 
 # --------------------------------------------------------- prompt sets for an instruct target

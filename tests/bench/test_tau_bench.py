@@ -62,6 +62,14 @@ def test_bars():
     assert [c["passed"] for c in low["checks"]] == [False, False, False] and not low["all_passed"]
     only = tau_bench.bar_checks(rows({("dflash", 1.0): 2.0, ("dflash2", 1.0): 2.5}), [1.0])
     assert [c["passed"] for c in only["checks"]] == [None, True, None] and only["unmeasured"] == 2
+    # A drafter's default spelt out (K = γ - 1) counts for the bars; another K or scheduler does not.
+    spelt = rows({("dflash:k=7", 0.0): 3.2, ("dflash2:k=7", 0.0): 3.6, ("dspark:k=3", 0.0): 9.0})
+    for r in spelt:
+        r["gamma"] = 8
+    spelt_out = tau_bench.bar_checks(spelt, [0.0])
+    assert [c["passed"] for c in spelt_out["checks"]] == [True, True, None]
+    sched = rows({("dflash", 0.0): 3.2, ("dflash2:sched=confidence", 0.0): 3.6})
+    assert [c["passed"] for c in tau_bench.bar_checks(sched, [0.0])["checks"]] == [True, None, None]
 
 
 def test_main_on_the_tiny_target(tmp_path, capsys):
@@ -94,6 +102,32 @@ def test_main_on_the_tiny_target(tmp_path, capsys):
             (code["tau"] * code["steps"] + prose["tau"] * prose["steps"]) / every["steps"]
         )
     assert "acceptance by position" in capsys.readouterr().out
+    assert settings["eos_id"] is not None and "stops at the target's EOS" in settings["decoding"]
+
+
+def test_stopping_at_eos_is_passed_to_the_loop(monkeypatch, tmp_path):
+    """--stop-at-eos (the default) hands the target's EOS id to every decode; --no-stop-at-eos none."""
+    seen = []
+    real = tau_bench.measure
+
+    def spy(args, target, decoders):
+        for name, decode in decoders.items():
+            decoders[name] = Spy(decode)
+        return real(args, target, decoders)
+
+    class Spy:
+        def __init__(self, decode):
+            self.decode, self.drafter, self.k_max = decode, decode.drafter, decode.k_max
+
+        def __call__(self, *a, eos_id=None, **k):
+            seen.append(eos_id)
+            return self.decode(*a, eos_id=eos_id, **k)
+
+    monkeypatch.setattr(tau_bench, "measure", spy)
+    one = TINY_RUN + ["--methods", "dflash", "--tasks", "code", "--out", str(tmp_path / "t.json")]
+    assert tau_bench.main(one) == 0 and seen and all(e is not None for e in seen)
+    seen.clear()
+    assert tau_bench.main(one + ["--no-stop-at-eos"]) == 0 and seen == [None]
 
 
 @pytest.mark.parametrize(

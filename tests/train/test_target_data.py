@@ -4,6 +4,7 @@ equals an uninterrupted one shard for shard, settings cannot change under --resu
 drafter trainers read the data (anchors in each row's continuation, ragged held-out sets, a
 shared backbone exported once)."""
 
+import copy
 import fcntl
 import json
 import subprocess
@@ -17,6 +18,7 @@ from flashspark.models import catalog
 from flashspark.models.dflash import load_dflash, target_layer_ids
 from flashspark.models.dflash2 import load_dflash2
 from flashspark.models.dspark import load_dspark
+from flashspark.models.io import weights_fingerprint
 from flashspark.train.common import DFlashTrainArgs
 from flashspark.train.dflash import train as train_dflash
 from flashspark.train.dflash2 import DFlash2TrainArgs
@@ -85,12 +87,39 @@ def test_resume_is_exact(generated, tmp_path):
         generate_data(DataArgs(out=str(out), **SMALL))
     with pytest.raises(ValueError, match="other settings .*max_new_tokens"):
         generate_data(DataArgs(out=str(out), resume=True, **{**SMALL, "max_new_tokens": 11}))
-    resumed = generate_data(DataArgs(out=str(out), resume=True, **SMALL))
+    # The kinds' order sets the interleaving: another order is other data; spacing and a
+    # share left at its default are not.
+    with pytest.raises(ValueError, match="other settings .*kinds"):
+        generate_data(DataArgs(out=str(out), resume=True, **{**SMALL, "kinds": "prose:1,code:2"}))
+    # A directory written before weight fingerprints resumes and records this target's.
+    progress = json.loads((out / "progress.json").read_text())
+    fingerprint = progress["definition"].pop("target_weights")
+    (out / "progress.json").write_text(json.dumps(progress))
+    resumed = generate_data(DataArgs(out=str(out), resume=True, **{**SMALL, "kinds": " code:2, prose"}))
+    assert resumed["definition"]["target_weights"] == fingerprint
     whole = json.loads((generated / "progress.json").read_text())
     assert resumed["shards"] == whole["shards"] and resumed["cursors"] == whole["cursors"]
     for shard in whole["shards"]:
         for f in ("tokens", "labels", "features", "topk_ids", "topk_logp", "seqs"):
             assert np.array_equal(np.load(out / shard / f"{f}.npy"), np.load(generated / shard / f"{f}.npy"))
+
+
+def test_data_is_bound_to_the_weights_of_its_target(generated, tiny):
+    """The fingerprint ignores the dtype a target was loaded in, and tells a retrained target of
+    the same shape from the one that generated the data: training on it is refused."""
+    layers = target_layer_ids(tiny.config.num_hidden_layers)
+    d = TargetData(generated)
+    assert d.definition["target_weights"] == weights_fingerprint(tiny)
+    assert weights_fingerprint(copy.deepcopy(tiny).float()) == weights_fingerprint(copy.deepcopy(tiny).bfloat16())
+    d.check_for(tiny, layers)
+    other = copy.deepcopy(tiny)
+    with torch.no_grad():
+        other.model.layers[-1].mlp.down_proj.weight[0, 0] += 1.0  # one value of millions, at a sampled index
+    assert weights_fingerprint(other) != weights_fingerprint(tiny)
+    with pytest.raises(ValueError, match="same shape but other weights"):
+        d.check_for(other, layers)
+    with pytest.raises(ValueError, match="features of layers"):
+        d.check_for(tiny, layers[:-1])
 
 
 def test_anchors_and_held_out_sets(generated):

@@ -184,9 +184,7 @@ def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float,
         chunk = dict(
             zip(("tokens", "features", "labels"), generate_sequences(target, prompts, a.gen_tokens, layer_ids))
         )
-        path = ddir / f"chunk_{n_chunks:04d}.pt"
-        torch.save(chunk, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+        data.atomic_write(ddir / f"chunk_{n_chunks:04d}.pt", lambda f: torch.save(chunk, f))
         pool = _append(pool, chunk, n, a.max_sequences)
         n += a.gen_batch
         n_chunks += 1
@@ -325,22 +323,18 @@ def train_drafter(
     ema: dict[str, float] = {}
 
     def save_ckpt():
-        tmp = ckpt_path.with_suffix(".tmp")
-        torch.save(
-            {
-                "model": drafter.state_dict(),
-                "opt": opt.state_dict(),
-                "step": step,
-                "elapsed": elapsed,
-                "history": history,
-                "config": dataclasses.asdict(config),
-                "args": asdict(a),
-                "wall": prior_wall + time.time() - wall_start,
-                "commands": commands,
-            },
-            tmp,
-        )
-        os.replace(tmp, ckpt_path)
+        state = {
+            "model": drafter.state_dict(),
+            "opt": opt.state_dict(),
+            "step": step,
+            "elapsed": elapsed,
+            "history": history,
+            "config": dataclasses.asdict(config),
+            "args": asdict(a),
+            "wall": prior_wall + time.time() - wall_start,
+            "commands": commands,
+        }
+        data.atomic_write(ckpt_path, lambda f: torch.save(state, f))
 
     # At least one step per run, even when the setup spent the budget (a loaded machine): every
     # session makes progress, and a resumed run's step count always grows.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -104,21 +103,17 @@ def evaluate(
 
 
 def _save_ckpt(path: Path, model, opt, step: int, elapsed: float, a: TrainArgs, history: list, commands: list) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "opt": opt.state_dict(),
-            "step": step,
-            "elapsed": elapsed,
-            "args": asdict(a),
-            "config": model.config.to_dict(),
-            "history": history,
-            "commands": commands,
-        },
-        tmp,
-    )
-    os.replace(tmp, path)
+    state = {
+        "model": model.state_dict(),
+        "opt": opt.state_dict(),
+        "step": step,
+        "elapsed": elapsed,
+        "args": asdict(a),
+        "config": model.config.to_dict(),
+        "history": history,
+        "commands": commands,
+    }
+    data.atomic_write(path, lambda f: torch.save(state, f))
 
 
 def _log(out: Path, record: dict) -> None:
