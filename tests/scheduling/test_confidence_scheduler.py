@@ -170,8 +170,31 @@ def test_profile_sps_and_cache(tmp_path):
     assert profile_sps(
         target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path, repeats=2, warmup=1
     ).sps.tolist() == [3.0, 2.0, 1.0]
+    # Timing noise (a wider forward timed faster) is fitted away: seconds non-decreasing in T.
+    saved["sps"] = [1 / 40.0, 1 / 30.0, 1 / 50.0]
+    path.write_text(json.dumps(saved))
+    fitted = profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path)
+    assert (1 / fitted.sps).tolist() == pytest.approx([35.0, 35.0, 50.0])
     with pytest.raises(ValueError, match=">= 2"):
         profile_sps(target, batch_size=2, token_counts=[1, 4], cache_file=tmp_path / "x.json")
+
+
+def test_monotone_fit_pools_adjacent_violators():
+    """The least-squares non-decreasing fit of the seconds per step: runs that fall are pooled
+    into their mean; a table already monotone is unchanged; the planted dips of a measured
+    table (batch 1, SmolLM2 in bf16) come out flat, not as a rise."""
+
+    def seconds(ms):
+        return (1000 / SPSTable(list(range(1, len(ms) + 1)), [1000 / x for x in ms]).monotone().sps).tolist()
+
+    assert seconds([10, 20, 30]) == pytest.approx([10, 20, 30])
+    assert seconds([30, 20, 10]) == pytest.approx([20, 20, 20])
+    assert seconds([47.7, 43.6, 40.0, 40.7, 44.7, 43.6, 46.0, 46.0]) == pytest.approx(
+        [43.0, 43.0, 43.0, 43.0, 44.15, 44.15, 46.0, 46.0]
+    )
+    fit = seconds([5, 9, 3, 8, 8, 1, 12])
+    assert all(b >= a for a, b in zip(fit, fit[1:]))
+    assert sum(fit) == pytest.approx(5 + 9 + 3 + 8 + 8 + 1 + 12)  # pooling keeps each run's total
 
 
 def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
