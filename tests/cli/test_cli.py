@@ -13,6 +13,7 @@ from flashspark.cli import build_parser, main
 from flashspark.cli.common import unescape
 from flashspark.cli.train import train_args
 from flashspark.models import catalog
+from flashspark.train.target_data import DataArgs, default_out, generate_data
 
 SHIPPED = data.ASSETS_DIR / "target"
 needs_shipped = pytest.mark.skipif(
@@ -340,5 +341,10 @@ def test_train_defaults_follow_the_target(tmp_path):
     assert Path(a.init_from).resolve() == data.ASSETS_DIR / "smollm2" / "dflash" and a.share_backbone and a.minutes == 5
     d = train_args(parser.parse_args(["train", "data", "--split", "heldout"]))
     assert (d.target, d.out) == ("smollm2", "runs/smollm2/data_heldout")
+    assert default_out("smollm2", "train") == "runs/smollm2/data"
+    with pytest.raises(ValueError, match="--out must be given"):
+        train_args(parser.parse_args(["train", "data", "--target", str(tmp_path)]))
+    with pytest.raises(ValueError, match="--out must be given"):
+        generate_data(DataArgs(target=str(tmp_path)))  # the library call, without the CLI's defaults
     with pytest.raises(ValueError, match="--export must be given"):
         train_args(parser.parse_args(["train", "dflash", "--target", str(tmp_path)]))

@@ -24,7 +24,7 @@ from ..train.dspark import DSparkTrainArgs
 from ..train.dspark import train as train_dspark
 from ..train.target import TrainArgs
 from ..train.target import train as train_target
-from ..train.target_data import DataArgs, generate_data
+from ..train.target_data import DataArgs, default_out, generate_data
 
 
 def add_run_options(p, d: RunArgs, what: str) -> None:
@@ -204,11 +204,7 @@ def target_defaults(trainer: str, given: dict) -> dict:
     ref = catalog.resolve_target(given["target"])
     known = ref.known
     if trainer == "data":
-        if known is None and "out" not in given:
-            raise ValueError("--out must be given for a target given by path")
-        name = known.name if known else ""
-        split = given.get("split", "train")
-        return {} if "out" in given else {"out": f"runs/{name}/data" + ("" if split == "train" else f"_{split}")}
+        return {} if "out" in given else {"out": default_out(given["target"], given.get("split", "train"))}
     if known is None or known.name == catalog.DEFAULT_TARGET:
         if known is None and "export" not in given:
             raise ValueError("--export must be given for a target given by path (no drafter ships for it)")

@@ -73,7 +73,7 @@ class DataArgs:
     threads: int = 2
     seed: int = 0
     command: str = ""  # the command line, kept in progress.json
-    out: str = "runs/smollm2/data"
+    out: str = ""  # the data directory ("": `default_out` of the target and split)
     target: str = "smollm2"
     split: str = "train"
     minutes: float = 60.0  # generation time of the whole run, over every session
@@ -261,10 +261,19 @@ def writer_lock(directory: Path):
         os.close(fd)  # releases the lock
 
 
+def default_out(target: str, split: str) -> str:
+    """Where a known target's data of a split lives: runs/<target>/data, or data_<split> for
+    the held-out and calibration splits. A target given by path needs its --out."""
+    known = catalog.resolve_target(target).known
+    if known is None:
+        raise ValueError("--out must be given for a target given by path")
+    return f"runs/{known.name}/data" + ("" if split == "train" else f"_{split}")
+
+
 def generate_data(a: DataArgs) -> dict:
     """Generate (or continue generating) a data directory; returns its progress record."""
     kinds = parse_kinds(a.kinds)
-    out = Path(a.out)
+    out = Path(a.out or default_out(a.target, a.split))
     if (out / PROGRESS).is_file() and not a.resume:
         raise ValueError(f"{out} already holds generated data: pass --resume to continue it, or another --out")
     if a.resume and not (out / PROGRESS).is_file():
