@@ -17,9 +17,12 @@ Prints a table, writes bench/results/tau_bench[_<target>].json and a bar chart b
 The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py: the
 tiny target's are `--prompt-tokens` long (tasks code, prose), a real target's are the
 held-out prompt sets' (tasks chat, code, prose; ragged lengths). A request stops at the
-target's EOS, as a server stops it (the drafters never learnt what follows EOS, and τ over
-text past it says nothing a user sees), or after `--max-new-tokens`; `--no-stop-at-eos`
-decodes exactly `--max-new-tokens` tokens per request instead.
+target's EOS token, as a server stops it (for SmolLM2 `<|im_end|>`, which ends a chat
+answer: τ over text past it says nothing a user sees), or after `--max-new-tokens`;
+`--no-stop-at-eos` decodes exactly `--max-new-tokens` tokens per request instead. The loop
+takes one stop token, so a code or prose continuation runs on past `<|endoftext|>`, where
+`train data` stopped its continuations. A request its first token ended took no step and
+has no τ (`requests_without_steps` counts them).
 
 For a target other than the tiny one the JSON also holds the issue's bars, measured on the
 "all" rows of each drafter at its fixed K = γ - 1 (`dflash` or `dflash:k=7` alike): DFlash
@@ -65,7 +68,9 @@ def summarize(stats: list[dict]) -> dict:
     """τ and acceptance over the batches of one row, from the loop's per-batch stats."""
     steps = sum(s["steps"] for s in stats)
     accepted = sum(s["drafts_verified"] - s["drafts_wasted"] for s in stats)
-    per_request = [t for s in stats for t in s["tau_per_request"]]
+    # A request its first token ended (EOS from the prefill) took no step: it has no τ.
+    per_request = [t for s in stats for t in s["tau_per_request"] if t is not None]
+    stepless = sum(t is None for s in stats for t in s["tau_per_request"])
     # Position k's rate over every request-step of the row that verified draft k (the batches' counts summed).
     width = min(len(s["tried_per_position"]) for s in stats)
     acceptance = [
@@ -74,11 +79,12 @@ def summarize(stats: list[dict]) -> dict:
     ]
     return {
         "tau": (accepted + steps) / max(1, steps),
-        "tau_request_mean": statistics.fmean(per_request),
-        "tau_request_min": min(per_request),
-        "tau_request_max": max(per_request),
+        "tau_request_mean": statistics.fmean(per_request) if per_request else None,
+        "tau_request_min": min(per_request, default=None),
+        "tau_request_max": max(per_request, default=None),
         "tau_per_request": per_request,
         "requests": len(per_request),
+        "requests_without_steps": stepless,
         "steps": steps,
         "accepted": accepted,
         "new_tokens": sum(s["new_tokens"] for s in stats),
@@ -131,6 +137,17 @@ def bar_method(row: dict) -> str:
     )
 
 
+def check_bar_methods(decoders: dict) -> None:
+    """ValueError for two specs of one drafter's default method (`dflash` and `dflash:k=7` at
+    γ = 8): the same measurement twice, and the bars could read only one of them."""
+    seen = {}
+    for spec, decode in decoders.items():
+        key = bar_method({"method": spec, "gamma": decode.drafter.block_size})
+        if key in seen:
+            raise ValueError(f"--methods {seen[key]} and {spec} are the same method (K = γ - 1): measure it once")
+        seen[key] = spec
+
+
 def bar_checks(rows: list[dict], temperatures: list[float]) -> dict:
     """The issue's bars on the "all" rows; a bar whose methods were not measured has passed None."""
     tau = {(bar_method(r), r["temperature"]): r["tau"] for r in rows if r["task"] == ALL_TASKS}
@@ -164,6 +181,10 @@ def bar_checks(rows: list[dict], temperatures: list[float]) -> dict:
     return {"checks": checks, "all_passed": bool(measured) and all(measured), "unmeasured": len(checks) - len(measured)}
 
 
+def _number(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def print_table(rows: list[dict]) -> None:
     w = max(8, max(len(r["method"]) for r in rows))
     print(f"{'method':>{w}} {'T':>4} {'task':>6} {'tau':>6} {'tau/req':>7} {'steps':>6}  acceptance by position")
@@ -171,7 +192,7 @@ def print_table(rows: list[dict]) -> None:
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
         print(
             f"{r['method']:>{w}} {r['temperature']:>4g} {r['task']:>6} {r['tau']:>6.2f} "
-            f"{r['tau_request_mean']:>7.2f} {r['steps']:>6}  {acc}",
+            f"{_number(r['tau_request_mean']):>7} {r['steps']:>6}  {acc}",
             flush=True,
         )
 
@@ -272,6 +293,7 @@ def main(argv=None) -> int:
         targets.check_tasks(target, args.tasks)
         decoders = e2e_bench.make_methods(args, target.model)
         decoders.pop("ar")  # make_methods always adds plain decoding: nothing to measure here
+        check_bar_methods(decoders)
         rows, lengths = measure(args, target, decoders)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,6 +20,7 @@ import re
 import string
 import sys
 import sysconfig
+import tempfile
 import tokenize as pytokenize
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -335,13 +336,15 @@ def atomic_write(path: str | Path, write) -> None:
     sibling, which then replaces `path` (one rename: a reader, or a run killed mid-write,
     never sees half a file). A failed `write` leaves `path` as it was and no temporary."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    # A name of its own: two writers of one path (a shared cache) never write into one temporary.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             write(f)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make a shared cache file private
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -182,6 +182,7 @@ def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
         "steps": steps,
         "tau": 1.0,
         "tau_per_request": [1.0] * len(prompts),
+        "steps_per_request": [len(o) for o in out],
         "verified_per_step": 0.0,
         "drafts_verified": 0,
         "drafts_wasted": 0,

@@ -48,6 +48,12 @@ def test_summarize_counts_request_steps():
     assert s["tau_per_request"] == [3.0, 1.5, 1.0] and s["tau_request_mean"] == pytest.approx(5.5 / 3)
     # over the request-steps that verified each draft: 4 of 8, 1 of 6 (weighting batches by steps: 0.25)
     assert s["acceptance_per_position"] == pytest.approx([0.5, 1 / 6])
+    # A request that took no step (EOS from the prefill) has no τ: it lowers no request mean.
+    c = batch_stats([0], [3], tried=[3, 3], hits=[0, 0]) | {"tau_per_request": [None, 1.0]}
+    s = tau_bench.summarize([a, c])
+    assert s["requests"] == 3 and s["requests_without_steps"] == 1
+    assert s["tau_request_min"] == 1.0 and s["tau_request_mean"] == pytest.approx(5.5 / 3)
+    assert tau_bench.summarize([c | {"tau_per_request": [None]}])["tau_request_mean"] is None
 
 
 def test_bars():
@@ -137,6 +143,7 @@ def test_stopping_at_eos_is_passed_to_the_loop(monkeypatch, tmp_path):
         (["--methods", "dflash", "bogus"], "unknown drafter 'bogus'"),
         (["--methods", "ar"], "ar drafts nothing"),
         (["--methods", "dflash:k=x"], "not understood"),
+        (["--methods", "dflash", "dflash:k=7"], "are the same method"),
     ],
 )
 def test_tau_bench_bad_arguments(tmp_path, capsys, argv, message):

@@ -75,9 +75,19 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     assert got_eos == want_eos and any(len(w) < 40 for w in want_eos)
     # The loop runs until its last request finishes: one iteration per step of the longest request,
     # more than the mean steps per request once requests finish apart.
-    steps = [round(len(o) / t) if t else 0 for o, t in zip(got_eos, st_eos["tau_per_request"])]
+    steps = st_eos["steps_per_request"]
+    for o, t, n in zip(got_eos, st_eos["tau_per_request"], steps):
+        # a request whose first token (from the prefill) is EOS takes no step and has no τ
+        assert (t is None and len(o) == 1) if n == 0 else round(len(o) / t) == n
+    assert sum(steps) == st_eos["steps"]
     assert abs(st_eos["iterations"] - max(steps)) <= 1  # a last step may be cut short by max_new_tokens / EOS
     assert st_eos["iterations"] > st_eos["steps"] / len(prompts)
+    # A request whose first token (from the prefill) is EOS takes no step: it has no τ, not τ = 0.
+    first = want[0][0]
+    got_first, st_first = speculative_generate(target, drafter, prompts, max_new_tokens=40, eos_id=first)
+    assert got_first[0] == [first] and st_first["steps_per_request"][0] == 0
+    assert st_first["tau_per_request"][0] is None
+    assert all(t is None or t >= 1.0 for t in st_first["tau_per_request"])
 
 
 class RaggedK(Scheduler):

@@ -141,7 +141,9 @@ def add_dspark_options(p, d: DSparkTrainArgs) -> None:
 
 def add_data_options(p, d: DataArgs) -> None:
     p.add_argument("--target", default=d.target, help=f"target: {' or '.join(catalog.TARGETS)} or a model path")
-    p.add_argument("--out", default=None, help="data directory (default runs/<target>/data, or <target>/<split>)")
+    p.add_argument(
+        "--out", default=None, help="data directory (default runs/<target>/data, or runs/<target>/data_<split>)"
+    )
     p.add_argument("--split", choices=["train", "calibration", "heldout"], default=d.split, help="prompt split")
     p.add_argument("--minutes", type=float, default=d.minutes, help="generation time of the whole run (all sessions)")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="stop at this many stored tokens (0: none)")

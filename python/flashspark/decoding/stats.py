@@ -69,7 +69,9 @@ class LoopStats:
             "steps": total_steps,
             # tau: tokens a request gains per target forward (accepted drafts + 1), over all request-steps.
             "tau": (int(accepted.sum()) + total_steps) / max(1, total_steps),
-            "tau_per_request": ((accepted + steps) / steps.clamp(min=1)).tolist(),
+            # None for a request that took no step (its first token, from the prefill, ended it).
+            "tau_per_request": [(a + n) / n if n else None for a, n in zip(accepted.tolist(), steps.tolist())],
+            "steps_per_request": steps.tolist(),
             # Drafts sent to the target per request-step, and those of them rejected (verify work wasted).
             "verified_per_step": int(verified.sum()) / max(1, total_steps),
             "drafts_verified": int(verified.sum()),

@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import data
+
 
 class SPSTable:
     """Steps per second of the target's verify forward as a function of the
@@ -191,8 +193,6 @@ def profile_sps(
         rates.append(1.0 / (seconds + overhead_s))
     table = SPSTable(token_counts, rates)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(table.to_dict() | {"key": key, "batch_size": batch_size, "context_len": context_len}, indent=2)
-        + "\n"
-    )
+    # Atomic: other processes on the machine share the cache and may read it at any moment.
+    data.write_json(path, table.to_dict() | {"key": key, "batch_size": batch_size, "context_len": context_len})
     return table.monotone()

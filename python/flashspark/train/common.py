@@ -192,7 +192,7 @@ def build_pool(target, a: DFlashTrainArgs, layer_ids, train_ids, seconds: float,
         bar.set_postfix(sequences=n, refresh=False)
     bar.close()
     gen_seconds = time.time() - t0
-    (ddir / "done.json").write_text(json.dumps({"chunks": n_chunks, "sequences": n, "seconds": gen_seconds}))
+    data.write_json(ddir / "done.json", {"chunks": n_chunks, "sequences": n, "seconds": gen_seconds})
     log(f"generated {n} sequences of {a.prompt_tokens}+{a.gen_tokens} tokens in {gen_seconds / 60:.1f} min")
     return {k: v[:n] for k, v in pool.items()} | {"gen_seconds": gen_seconds}
 
@@ -448,7 +448,7 @@ def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
                 return ev
     prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
     ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, prompts, 128, layer_ids)))
-    torch.save(ev, out / "eval.pt")
+    data.atomic_write(out / "eval.pt", lambda f: torch.save(ev, f))
     return ev
 
 

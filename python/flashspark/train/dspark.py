@@ -106,7 +106,7 @@ def cached_topk(target, tokens: torch.Tensor, k: int, path: Path, log=print):
     t0 = time.time()
     ids, logp = target_topk(target, tokens, k)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"ids": ids, "logp": logp}, path)
+    data.atomic_write(path, lambda f: torch.save({"ids": ids, "logp": logp}, f))
     log(f"target top-{k} distributions of {tokens.shape[0]} sequences in {time.time() - t0:.0f} s")
     return ids, logp
 
@@ -305,7 +305,7 @@ def train(a: DSparkTrainArgs) -> dict:
                 generate_sequences(target, temperature_fit_prompts(a, tok), 128, layer_ids),
             )
         )
-        torch.save(calib, calib_path)
+        data.atomic_write(calib_path, lambda f: torch.save(calib, f))
     gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
     if isinstance(pool, TargetData):  # the target's Top-K was kept with the data

@@ -295,10 +295,14 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
     definition = _definition(a, target, layer_ids)
     if a.resume:
         progress = json.loads(progress_path.read_text())
-        # A directory from before weight fingerprints: it records this target's from now on.
-        progress["definition"].setdefault("target_weights", definition["target_weights"])
-        if progress["definition"] != definition:
-            diff = sorted(k for k in definition if progress["definition"].get(k) != definition[k])
+        stored = progress["definition"]
+        stored["kinds"] = format_kinds(parse_kinds(stored["kinds"]))  # recorded as typed before it was canonical
+        if "target_weights" not in stored:
+            # Written before weight fingerprints: which weights made its shards is unknown, so it stays
+            # unrecorded (check_for then checks the shape only) rather than vouching for this target.
+            definition.pop("target_weights")
+        if stored != definition:
+            diff = sorted(k for k in definition if stored.get(k) != definition[k])
             raise ValueError(f"{out} was generated with other settings ({', '.join(diff)}); use another --out")
     else:
         progress = {
