@@ -264,7 +264,7 @@ def main(argv=None) -> int:
         "--methods",
         nargs="+",
         default=DEFAULT_METHODS,
-        help="ar, or drafter[:k=N,sched=fixed|confidence,path=...,delay=N] with drafter one of "
+        help="ar, or drafter[:k=N,sched=fixed|confidence,path=...,delay=N,admit=stop|budget] with drafter one of "
         + ", ".join(DRAFTERS)
         + " (default: %(default)s)",
     )

@@ -7,6 +7,7 @@ One place for what the CLI and the benchmarks both need:
     dflash2:path=sample             DFlash 2, sampled paths (sparse q)
     dflash2:sched=confidence        DFlash 2 + confidence proxy + DSpark's scheduler
     dspark:sched=confidence,delay=2 DSpark with its own head, confidences two steps old
+    dspark:sched=confidence,admit=budget  the engines' admission: a stale budget, then the top slots
 
 `Decoder(spec, target)` (or `make_decoder`) decodes with a method:
 decoder(prompts, max_new_tokens, temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
@@ -31,7 +32,7 @@ from .models import catalog
 from .models.dflash import load_dflash
 from .models.dflash2 import load_dflash2
 from .models.dspark import load_dspark
-from .scheduling.confidence import ConfidenceScheduler, ConfidenceStats, conditional
+from .scheduling.confidence import ADMISSIONS, ConfidenceScheduler, ConfidenceStats, conditional
 from .scheduling.costs import SPSTable, forward_seconds, profile_sps
 from .scheduling.fixed import FixedK
 from .scheduling.proxy import ConfidenceProxy
@@ -59,12 +60,15 @@ class MethodSpec:
     delay: int = 0  # confidence scheduler: use confidences this many steps old
     online: bool = True  # confidence proxy: update from each step's outcomes
     plain_steps: bool = True  # confidence scheduler: run plain decode steps when drafting would not pay
+    admission: str = "stop"  # confidence scheduler: Algorithm 1's early stop, or "budget" (the engines' rule)
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter {self.drafter!r}; expected one of {DRAFTERS}")
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; expected one of {SCHEDULERS}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"unknown admission {self.admission!r}; expected one of {ADMISSIONS}")
         if self.path not in PATH_MODES:
             raise ValueError(f"unknown path mode {self.path!r}; expected one of {PATH_MODES}")
         if self.scheduler == "confidence" and self.drafter == "dflash":
@@ -74,7 +78,7 @@ class MethodSpec:
 
 
 def parse_method(text: str) -> MethodSpec:
-    """`name[:key=value,...]` with keys k, sched, path, delay, online (0/1), plain (0/1)."""
+    """`name[:key=value,...]` with keys k, sched, path, delay, admit, online (0/1), plain (0/1)."""
     name, _, opts = text.partition(":")
     kw: dict = {}
     for opt in filter(None, opts.split(",")):
@@ -87,6 +91,8 @@ def parse_method(text: str) -> MethodSpec:
             kw["scheduler"] = val
         elif key == "path" and val:
             kw["path"] = val
+        elif key == "admit" and val:
+            kw["admission"] = val
         elif key == "online" and val in ("0", "1"):
             kw["online"] = val == "1"
         elif key == "plain" and val in ("0", "1"):
@@ -94,8 +100,8 @@ def parse_method(text: str) -> MethodSpec:
         else:
             raise ValueError(
                 f"method option {opt!r} of {text!r} not understood "
-                "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, online=0|1, "
-                "plain=0|1)"
+                "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, "
+                "admit=stop|budget, online=0|1, plain=0|1)"
             )
     return MethodSpec(name, **kw)
 
@@ -276,6 +282,7 @@ class Decoder:
             self.k_max,
             spec_sps,
             delay=spec.delay,
+            admission=spec.admission,
             confidence_fn=source,
             plain_sps=plain_sps if spec.plain_steps else None,
             min_rows=MIN_PRIOR_ROWS,

@@ -17,51 +17,18 @@ from flashspark.scheduling import FixedK, Scheduler
 from flashspark.scheduling.confidence import ConfidenceScheduler
 from flashspark.scheduling.costs import SPSTable
 from flashspark.scheduling.proxy import ConfidenceProxy
-from spec_helpers import chi_square_ok, exact_joint, prompts_of, spec_joint, tiny_drafter, tiny_target
+from spec_helpers import (
+    chi_square_ok,
+    exact_joint,
+    prompts_of,
+    spec_joint,
+    tiny_dflash2,
+    tiny_drafter,
+    tiny_dspark,
+    tiny_target,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _perturb(d, seed, scale, special):
-    """Non-trivial weights everywhere: norms near 1, `special(name)` -> std for head tensors."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            std = special(name)
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5, generator=g)
-            elif std is not None:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-            else:
-                p.mul_(scale)
-    return d.eval()
-
-
-def tiny_dflash2(target, block_size=5, topk=6, seed=1, scale=5.0) -> DFlash2Drafter:
-    cfg = DFlash2Config.for_target(
-        target.config,
-        num_hidden_layers=1,
-        block_size=block_size,
-        mask_token_id=1,
-        num_features=2,
-        selector_rank=8,
-        selector_topk=topk,
-    )
-    d = DFlash2Drafter(cfg, target)
-    d.init_weights(seed)
-    return _perturb(d, seed, scale, lambda n: 0.3 if ".conv." in n else 1.0 if n.startswith("selector.") else None)
-
-
-def tiny_dspark(target, block_size=5, seed=1, scale=5.0) -> DSparkDrafter:
-    cfg = DSparkConfig.for_target(
-        target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1, num_features=2, markov_rank=8
-    )
-    d = DSparkDrafter(cfg, target)
-    d.init_weights(seed)
-    d = _perturb(d, seed, scale, lambda n: 2.0 if n.startswith("markov_") else 0.3 if n.startswith("conf_") else None)
-    with torch.no_grad():
-        d.conf_head.bias.fill_(1.5)  # confidences around 0.7-0.9: the confidence scheduler's K varies
-    return d
 
 
 class RaggedK(Scheduler):

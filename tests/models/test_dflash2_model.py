@@ -158,9 +158,8 @@ def test_propose_ops_equal_reference(mode):
     if mode == "sample":
         torch.testing.assert_close(q1, q2, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(q1.sum(-1), torch.ones(B, 3))
-        # At T = 1 the sampled q row is the chosen-probability signal's distribution.
-        chosen = (c1.long() == t1[..., None]).float().argmax(-1, keepdim=True)
-        torch.testing.assert_close(q1[0].gather(-1, chosen[0])[:, 0], s1.chosen_prob[0], atol=1e-5, rtol=1e-5)
+        # At T = 1 the sampled q row is the distribution the top-probability signal reads, before the draw.
+        torch.testing.assert_close(q1[0].max(-1).values, s1.top_prob[0], atol=1e-5, rtol=1e-5)
     else:
         assert q1 is None
 
@@ -271,22 +270,26 @@ def test_selector_loss_masks_and_learns():
 
 
 def test_path_signals_hand_computed():
+    """Every signal reads the score row given the drafts before the position, none reads the
+    candidate drawn there (the confidence scheduler stays lossless): the choice is not an input."""
     scores = torch.tensor([[[2.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
-    choice = torch.tensor([[0, 2]], dtype=torch.int32)
     unary = torch.log(torch.tensor([[[0.5, 0.3, 0.2], [0.9, 0.05, 0.05]]]))
-    s = path_signals(scores, choice, unary)
+    s = path_signals(scores, unary)
     p = torch.softmax(torch.tensor([2.0, 1.0, 0.0]), -1)
-    assert math.isclose(float(s.chosen_prob[0, 0]), float(p[0]), rel_tol=1e-6)
-    assert math.isclose(float(s.margin[0, 0]), 1.0) and math.isclose(float(s.margin[0, 1]), 0.0)
+    assert math.isclose(float(s.top_prob[0, 0]), float(p[0]), rel_tol=1e-6)
+    assert math.isclose(float(s.top_prob[0, 1]), 1 / 3, rel_tol=1e-6)
+    assert math.isclose(float(s.top_margin[0, 0]), 1.0) and math.isclose(float(s.top_margin[0, 1]), 0.0)
     assert math.isclose(float(s.unary_top1[0, 1]), 0.9, rel_tol=1e-6)
     assert math.isclose(float(s.entropy[0, 1]), math.log(3), rel_tol=1e-6)
     assert s.position.tolist() == [[1, 2]] and s.features().shape == (1, 2, 4)
     assert s.features()[0, 1].tolist() == [
-        float(s.chosen_prob[0, 1]),
+        float(s.top_prob[0, 1]),
         0.0,
         float(s.unary_top1[0, 1]),
         float(s.entropy[0, 1]),
     ]
+    single = path_signals(scores[..., :1], unary[..., :1])
+    assert single.top_margin.isinf().all() and single.top_prob.eq(1).all()
 
 
 def test_save_load_round_trip(tmp_path):

@@ -43,8 +43,10 @@ def test_hand_computed():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_optimal_over_all_prefix_closed_admissions(seed):
-    """Sorting by a and taking the best prefix maximizes Θ over every admission
-    that respects the prefix constraint (brute force), and k never exceeds K."""
+    """Sorting by a and taking the best prefix (`admit="best"`, the plan from stale or mean
+    confidences) maximizes Θ over every admission that respects the prefix constraint (brute
+    force), and k never exceeds K; the early stop (the lossless default) reaches the same Θ
+    whenever Θ is unimodal along the sorted order, and never more."""
     g = torch.Generator().manual_seed(seed)
     B, K = 3, 3
     conf = torch.rand(B, K, generator=g) ** 0.5
@@ -57,7 +59,7 @@ def test_optimal_over_all_prefix_closed_admissions(seed):
             + torch.rand(len(tokens), generator=g).double()
         ).tolist(),
     )
-    k = schedule_tokens(conf, active, sps)
+    k = schedule_tokens(conf, active, sps, admit="best")
     assert k.dtype == torch.int64 and bool(((k >= 0) & (k <= K)).all()) and (active[2] or k[2] == 0)
     best = max(
         theta(conf, active, ks, sps)
@@ -65,6 +67,12 @@ def test_optimal_over_all_prefix_closed_admissions(seed):
         if all(active[r] or ks[r] == 0 for r in range(B))
     )
     assert theta(conf, active, k.tolist(), sps) >= best - 1e-9
+    stop, th = schedule_tokens(conf, active, sps, return_theta=True)
+    assert th <= best + 1e-9 and abs(th - theta(conf, active, stop.tolist(), sps)) < 1e-9
+    smooth = SPSTable(tokens, (100.0 / torch.tensor(tokens, dtype=torch.float64)).tolist())  # Θ unimodal
+    assert (
+        schedule_tokens(conf, active, smooth).tolist() == schedule_tokens(conf, active, smooth, admit="best").tolist()
+    )
 
 
 def test_ties_respect_the_prefix_constraint():

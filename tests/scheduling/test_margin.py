@@ -186,7 +186,7 @@ def test_records_carry_the_drafters_margins():
     from flashspark.models.drafter import top2_margin
 
     unary = torch.log(torch.tensor([[[0.5, 0.3, 0.2]]]))
-    s = path_signals(torch.zeros(1, 1, 3), torch.zeros(1, 1, dtype=torch.int32), unary)
+    s = path_signals(torch.zeros(1, 1, 3), unary)
     assert math.isclose(float(s.unary_margin), math.log(0.5 / 0.3), rel_tol=1e-6) and s.features().shape[-1] == 4
 
     target = catalog.load_target(catalog.resolve_target(None))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..decoding.plain import encode_prompts, generate
-from ..methods import DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
+from ..methods import ADMISSIONS, DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
 from ..models import catalog
 from ..models.dflash2 import PATH_MODES
 from .common import load_tokenizer, read_prompts
@@ -162,6 +162,14 @@ def add_generate_spec_args(p) -> None:
     p.add_argument(
         "--delay", type=int, default=0, help="confidence scheduler: use confidences this many steps old (engines use 2)"
     )
+    p.add_argument(
+        "--admission",
+        choices=ADMISSIONS,
+        default="stop",
+        help="confidence scheduler's lossless admission: stop (DSpark's Algorithm 1, early stop) or budget "
+        "(the engines' rule: a budget from older confidences, then the slots of highest survival) "
+        "(default %(default)s)",
+    )
 
 
 def check_generate_spec_args(args, method: str, target: catalog.TargetRef) -> None:
@@ -225,7 +233,9 @@ def run_generate_spec(args, method: str) -> int:
     run = Run(args)
     check_generate_spec_args(args, method, run.target)
     target, eos = run.load_model(args)
-    spec = MethodSpec(method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay)
+    spec = MethodSpec(
+        method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay, admission=args.admission
+    )
     decode = make_decoder(spec, target, drafter_dir=args.drafter)
     ids = run.ids
     batch = args.batch_size or len(ids)

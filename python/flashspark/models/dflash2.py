@@ -173,36 +173,43 @@ class PathSelector(nn.Module):
 
 
 class PathSignals(NamedTuple):
-    """Per draft position [B, γ - 1]: what a confidence proxy reads (README, "The combination")."""
+    """Per draft position [B, γ - 1]: what a confidence proxy reads (README, "The combination").
 
-    chosen_prob: torch.Tensor  # softmax(score row)[chosen] at T = 1
-    margin: torch.Tensor  # score of the chosen candidate minus the best other one (logit units)
+    Every signal of position k is known before draft k is drawn: it reads the selector's score
+    row S_k(x_{k-1}, ·) given the drafts before k, never the candidate drawn at k. (A scheduler
+    that read the drawn candidate's own probability would verify a draft because of its value,
+    which is not lossless at T > 0: scheduling/confidence.py.)"""
+
+    top_prob: torch.Tensor  # softmax(score row) of its best candidate, at T = 1
+    top_margin: torch.Tensor  # the row's best score minus its second best (logit units; +inf with K = 1)
     unary_top1: torch.Tensor  # the backbone's top-1 probability at the position
     entropy: torch.Tensor  # entropy (nats) of softmax(score row) over the K candidates
     position: torch.Tensor  # block position k = 1 .. γ - 1 (int64)
     unary_margin: torch.Tensor  # the backbone's top-1 minus top-2 log-prob (+inf with K = 1; not a proxy signal)
 
     def features(self) -> torch.Tensor:
-        """[B, γ - 1, 4] float32: chosen_prob, margin, unary_top1, entropy (the order of
+        """[B, γ - 1, 4] float32: top_prob, top_margin, unary_top1, entropy (the order of
         `scheduling.proxy.SIGNALS`; the position is the column index)."""
-        return torch.stack([self.chosen_prob, self.margin, self.unary_top1, self.entropy], -1).float()
+        return torch.stack([self.top_prob, self.top_margin, self.unary_top1, self.entropy], -1).float()
 
 
-def path_signals(scores: torch.Tensor, choice: torch.Tensor, unary: torch.Tensor) -> PathSignals:
-    """Signals from path_select's score rows [B, P, K], choices [B, P] and unary log-probs [B, P, K]."""
+def path_signals(scores: torch.Tensor, unary: torch.Tensor) -> PathSignals:
+    """Signals from path_select's score rows [B, P, K] (each given the drafts before it) and
+    the unary log-probs [B, P, K]."""
     scores = scores.float()
-    choice = choice.long()[..., None]
     logp = torch.log_softmax(scores, -1)
-    chosen = scores.gather(-1, choice)[..., 0]
-    others = scores.scatter(-1, choice, float("-inf"))
-    margin = chosen - others.max(-1).values if scores.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
-    B, P = choice.shape[:2]
+    B, P, K = scores.shape
+    if K > 1:
+        top2 = scores.topk(2, -1).values
+        top_margin = top2[..., 0] - top2[..., 1]
+    else:
+        top_margin = torch.full(scores.shape[:2], float("inf"), device=scores.device)
     position = torch.arange(1, P + 1, device=scores.device).expand(B, P)
     # unary is sorted, best first: its top-2 gap is the backbone's margin, free here.
-    unary_margin = unary[..., 0] - unary[..., 1] if unary.shape[-1] > 1 else torch.full_like(chosen, float("inf"))
+    unary_margin = unary[..., 0] - unary[..., 1] if K > 1 else torch.full_like(top_margin, float("inf"))
     return PathSignals(
-        logp.gather(-1, choice)[..., 0].exp(),
-        margin,
+        logp.max(-1).values.exp(),
+        top_margin,
         unary[..., 0].exp(),
         -(logp.exp() * logp).sum(-1),
         position,
@@ -339,7 +346,7 @@ class DFlash2Drafter(DFlashDrafter):
             tokens.long(),
             cand_ids,
             (q if mode == "sample" else None),
-            path_signals(scores, choice, unary) if signals else None,
+            path_signals(scores, unary) if signals else None,
         )
 
     def selector_loss(

@@ -1,7 +1,7 @@
 """The DSpark confidence scheduler: how many drafts each request verifies,
 chosen for the whole batch from per-token survival confidences.
 
-DSpark's scheduler (docs/dflash2_dspark.md, "Confidence scheduler"):
+DSpark's scheduler (the paper's Algorithm 1; docs/dflash2_dspark.md, "Confidence scheduler"):
 
 1. prefix survival ``a_{r,j} = ∏_{i≤j} c_{r,i}`` (the chance that drafts
    1..j of request r are all accepted);
@@ -10,11 +10,27 @@ DSpark's scheduler (docs/dflash2_dspark.md, "Confidence scheduler"):
    ``τ = Σ_r (1 + Σ_{admitted j} a_{r,j})`` is the expected number of tokens
    the step commits and SPS(T) the target's verify steps per second at T
    verified tokens (every active request verifies its anchor row, so
-   T = active requests + admitted slots).
+   T = active requests + admitted slots); **the first slot that does not raise Θ
+   stops the admission**.
 
-Θ is evaluated for every prefix of the sorted order and the best prefix wins
-(the first one on ties). When Θ rises and then falls this is exactly "admit
-while Θ grows"; it also steps over the small dips a measured SPS table has.
+Why the early stop (losslessness). Speculative sampling is exact for any number of
+verified drafts that is decided, slot by slot, from what was drawn *before* the slot:
+whether draft j of request r is verified may depend on drafts 1..j-1 (and on other
+requests), never on draft j or later ones. c_{r,j} reads draft j-1 (DSpark's head reads
+W1[x_{j-1}]; the DFlash 2 proxy reads the selector's row before draft j is drawn), so
+a_{r,j} and every slot sorted before (r, j) (a is non-increasing in j, ties sort by
+position) are known before draft j. The early stop decides (r, j) from that sorted prefix
+alone. Searching on past a dip (the best of all prefixes) would verify slot j because of
+slot j + 1's confidence, which reads draft j: the paper's Appendix A shows that this is
+biased, and `tests/scheduling/test_admission_lossless.py` measures the bias.
+
+Two lossless rules (`ConfidenceScheduler(admission=...)`):
+
+* ``"stop"`` (default): Algorithm 1's early stop on the current confidences;
+* ``"budget"``: the engines' rule (vLLM's adaptive verification, SGLang's DSpark planner):
+  the number of slots N is sized from confidences at least a step old (there the best of all
+  prefixes is allowed: nothing of the current block enters it), then the N slots of highest
+  current survival are verified. A slot's rank depends only on slots sorted before it.
 
 A prefix of the sorted order never admits position j of a request without
 position j - 1: a is non-increasing in j and ties sort by position.
@@ -35,6 +51,15 @@ from .base import Scheduler
 from .calibration import prefix_survival
 from .costs import SPSTable
 
+ADMISSIONS = ("stop", "budget")
+
+
+def early_stop(theta: np.ndarray) -> int:
+    """Slots admitted by Algorithm 1 from Θ of every prefix [M + 1]: the leading slots that
+    each raised Θ (the count before the first slot that does not)."""
+    falls = np.flatnonzero(theta[1:] <= theta[:-1])
+    return int(falls[0]) if falls.size else theta.size - 1
+
 
 def schedule_tokens(
     confidence: torch.Tensor,
@@ -42,12 +67,17 @@ def schedule_tokens(
     sps: SPSTable,
     max_spec_len: int | None = None,
     return_theta: bool = False,
+    admit: str | int = "stop",
 ):
     """Drafts to verify per request, int64 [B] (0 for inactive requests).
 
     confidence [B, K'] per-token survival c_{r,j} for draft positions 1..K';
     active [B] bool; only the first max_spec_len positions are candidates.
-    `return_theta`: also return the best Θ (expected tokens per second of the step).
+    `admit`: "stop" (Algorithm 1: stop at the first slot that does not raise Θ; lossless on
+    the current block's confidences), "best" (the best of all prefixes: only for confidences
+    that no current draft enters, such as stale ones sizing a budget, or a plan from mean
+    confidences), or an int N (the N leading slots of the sorted order).
+    `return_theta`: also return Θ (expected tokens per second of the step) of the admission.
     """
     B = confidence.shape[0]
     K = confidence.shape[1] if max_spec_len is None else min(max_spec_len, confidence.shape[1])
@@ -73,7 +103,14 @@ def schedule_tokens(
     tau = n_active + np.concatenate([np.zeros(1), np.cumsum(gains)])  # prefix of m slots
     T = n_active + np.arange(gains.size + 1, dtype=np.float64)
     theta = tau * sps.rate(T)
-    m = int(np.argmax(theta))  # first maximum: no slot is admitted that does not raise Θ
+    if admit == "stop":
+        m = early_stop(theta)
+    elif admit == "best":
+        m = int(np.argmax(theta))  # the first maximum
+    elif isinstance(admit, (int, np.integer)) and not isinstance(admit, bool) and admit >= 0:
+        m = min(int(admit), gains.size)
+    else:
+        raise ValueError(f"admit must be 'stop', 'best' or a slot count >= 0, got {admit!r}")
     k_b[rows] = np.bincount(req[order[:m]], minlength=R)
     out = torch.from_numpy(k_b).to(device)
     return (out, float(theta[m])) if return_theta else out
@@ -187,8 +224,13 @@ class ConfidenceScheduler(Scheduler):
     Confidences are recalibrated online before use (`ConfidenceStats.correct`): each step's
     verify outcomes update the observed / predicted survival ratio per position.
 
-    `delay` = 2 uses the confidences of two steps earlier, as engines do so that
-    scheduling adds no latency (the first steps use the oldest confidences they have).
+    `admission` is the lossless rule (module docstring): "stop" admits by Algorithm 1's early
+    stop; "budget" sizes the step's slot count from confidences max(delay, 1) steps old (the
+    shipped prior's mean, or every draft, before there are any) and verifies that many slots
+    of highest current survival.
+
+    `delay` = 2 admits by the confidences of two steps earlier, as engines do so that
+    scheduling adds no latency (until there are any, the prior's mean, or every draft).
 
     `plain_sps` (steps per second of a plain decode step at T tokens) lets the
     scheduler skip drafting altogether: before each step, `wants_draft` compares the
@@ -226,18 +268,24 @@ class ConfidenceScheduler(Scheduler):
         step_prior: tuple[float, int] | None = None,
         time_steps: bool = False,
         min_gain: float = 1.1,
+        admission: str = "stop",
     ):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
         self.max_spec_len = max_spec_len
         self.sps = sps
         self.delay = delay
+        self.admission = admission
+        # How old the confidences that decide (stop) or size (budget) a step are.
+        self.age = max(delay, 1) if admission == "budget" else delay
         self.confidence_fn = confidence_fn
         self.plain_sps = plain_sps
         self.min_rows = min_rows
         # Everything learnt so far: the prior plus this scheduler's rows and outcomes.
         self.stats = None if prior is None else prior.copy()
-        self._history: deque[torch.Tensor] = deque(maxlen=delay + 1)
+        self._history: deque[torch.Tensor] = deque(maxlen=self.age + 1)
         self._last: torch.Tensor | None = None  # survival of the step being verified (for observe)
         self._decision: tuple | None = None  # (active count, draft?) of the last verdict
         self._since_verdict = 0  # wants_draft calls since it
@@ -316,21 +364,50 @@ class ConfidenceScheduler(Scheduler):
             return True
         active = torch.ones(batch_size, dtype=torch.bool)
         _, theta = schedule_tokens(
-            confidence.double().expand(batch_size, -1), active, self.sps, self.max_spec_len, return_theta=True
+            confidence.double().expand(batch_size, -1),
+            active,
+            self.sps,
+            self.max_spec_len,
+            return_theta=True,
+            admit="stop" if self.admission == "stop" else "best",
         )
         return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps.rate(batch_size))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """Drafts each request verifies, from this step's confidences [B, K'] (lossless: see the
+        module docstring). Nothing of the current block enters a decision except through the
+        sorted prefix before each slot; the online statistics only learn from it afterwards."""
         survival = prefix_survival(confidence.detach().cpu())
         if self.stats is None:
             self.stats = ConfidenceStats(survival.shape[1])
-        self.stats.add_rows(survival[active.cpu()])
-        self._last = survival
         self._history.append(survival)
-        k_b = schedule_tokens(conditional(self.stats.correct(self._history[0])), active, self.sps, self.max_spec_len)
+        # Confidences `age` steps old; before there are any, the mean of earlier batches (the prior),
+        # else none (verify every draft): never the current block's.
+        old = self._history[0] if len(self._history) > self.age else self._stale_fallback(survival.shape)
+        if self.admission == "stop":
+            k_b = schedule_tokens(conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len)
+        else:
+            budget = int(schedule_tokens(conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len,
+                                         admit="best").sum())  # fmt: skip
+            k_b = schedule_tokens(
+                conditional(self.stats.correct(survival)), active, self.sps, self.max_spec_len, admit=budget
+            )
+        self.stats.add_rows(survival[active.cpu()])  # after the decision: it learns from this block
+        self._last = survival
         if self._step_start is not None:  # the loop times its iterations through wants_draft
             self._step_predicted = 1.0 / float(self.sps.rate(int(active.sum()) + int(k_b.sum())))
         return k_b
 
+    def _stale_fallback(self, shape) -> torch.Tensor:
+        """Survivals [B, K'] to decide by while no confidences are `age` steps old: the recorded
+        mean survival of earlier batches where there is one, else certain survival (every draft
+        is verified, unless the SPS table prices drafts out)."""
+        if self.stats.rows:
+            mean = self.stats.survival / self.stats.rows  # raw: `correct` is applied by the caller
+            return mean.expand(shape).clone()
+        return torch.ones(shape, dtype=torch.float64)
+
     def __repr__(self) -> str:
-        return f"ConfidenceScheduler(max_spec_len={self.max_spec_len}, delay={self.delay})"
+        return (
+            f"ConfidenceScheduler(max_spec_len={self.max_spec_len}, delay={self.delay}, admission={self.admission!r})"
+        )

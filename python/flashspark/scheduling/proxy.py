@@ -4,11 +4,17 @@ DSpark's scheduler needs c_k, the probability that draft token k survives
 verification given that its prefix survived. A DFlash 2 drafter has no
 confidence head; its path selector leaves signals from which c_k is predicted:
 
-  selector_prob    softmax probability of the chosen candidate in its score row
-  margin           its score minus the runner-up's
+  top_prob         softmax probability of the best candidate in the selector's score row
+  top_margin       the row's best score minus its second best
   unary_top1_prob  the backbone's top-1 probability at that position
   entropy          entropy of the selector's distribution over the K candidates
   position         k (a learned bias per block position)
+
+Every signal of position k is known before draft k is drawn (the score row is
+S_k(x_{k-1}, ·), given the drafts before k): a scheduler may decide whether to
+verify draft k from them and stay lossless at T > 0. The drawn candidate's own
+probability or margin would make that decision read the draft it judges
+(scheduling/confidence.py says why that is biased).
 
 The proxy is a logistic model on those signals, fitted offline on
 verification outcomes of a calibration split, and updated online from the
@@ -25,17 +31,20 @@ from pathlib import Path
 
 import torch
 
-SIGNALS = ("selector_prob", "margin", "unary_top1_prob", "entropy")
+SIGNALS = ("top_prob", "top_margin", "unary_top1_prob", "entropy")
+
+
+MARGIN_CAP = 30.0  # logit units: a single candidate's margin is +inf
 
 
 def _features(signals: torch.Tensor) -> torch.Tensor:
     """[..., 4] raw signals -> [..., 4] features on a logit-like scale."""
     eps = 1e-6
-    sel = signals[..., 0].clamp(eps, 1 - eps)
+    top = signals[..., 0].clamp(eps, 1 - eps)
     top1 = signals[..., 2].clamp(eps, 1 - eps)
+    margin = signals[..., 1].clamp(max=MARGIN_CAP)
     return torch.stack(
-        [torch.log(sel) - torch.log1p(-sel), signals[..., 1], torch.log(top1) - torch.log1p(-top1), signals[..., 3]],
-        dim=-1,
+        [torch.log(top) - torch.log1p(-top), margin, torch.log(top1) - torch.log1p(-top1), signals[..., 3]], dim=-1
     )
 
 
