@@ -76,15 +76,27 @@ def tiny_dflash2(target, block_size=5, topk=6, seed=1, scale=5.0) -> DFlash2Draf
     return _perturb(d, seed, scale, lambda n: 0.3 if ".conv." in n else 1.0 if n.startswith("selector.") else None)
 
 
-def tiny_dspark(target, block_size=5, seed=1, scale=5.0) -> DSparkDrafter:
+def tiny_dspark(target, block_size=5, seed=1, scale=5.0, from_anchor=True) -> DSparkDrafter:
+    """A DSpark drafter in DeepSpec's slot layout (γ drafts), or DFlash's (`from_anchor=False`)."""
     cfg = DSparkConfig.for_target(
-        target.config, num_hidden_layers=1, block_size=block_size, mask_token_id=1, num_features=2, markov_rank=8
+        target.config,
+        num_hidden_layers=1,
+        block_size=block_size,
+        mask_token_id=1,
+        num_features=2,
+        markov_rank=8,
+        sample_from_anchor=from_anchor,
     )
     d = DSparkDrafter(cfg, target)
     d.init_weights(seed)
-    d = _perturb(d, seed, scale, lambda n: 2.0 if n.startswith("markov_") else 0.3 if n.startswith("conf_") else None)
+    d = _perturb(
+        d,
+        seed,
+        scale,
+        lambda n: 2.0 if n.startswith("markov_head.") else 0.3 if n.startswith("confidence_head.") else None,
+    )
     with torch.no_grad():
-        d.conf_head.bias.fill_(1.5)  # confidences around 0.7-0.9: the confidence scheduler's K varies
+        d.confidence_head.proj.bias.fill_(1.5)  # confidences around 0.7-0.9: the confidence scheduler's K varies
     return d
 
 

@@ -161,20 +161,20 @@ def load_prior(drafter_dir: str | Path, temperature: float) -> ConfidenceStats |
 def measured_step_seconds(
     target, drafter, batch_size: int, path: str = "auto", context_len: int = 64, steps: int = 6
 ) -> float:
-    """Wall seconds of one whole loop step (draft, verify forward of γ tokens per request,
+    """Wall seconds of one whole loop step (draft, verify forward of K + 1 tokens per request,
     verify, commit, injection) for `batch_size` requests, from a short greedy run with fixed
-    K = γ - 1 on random prompts. Measured inside the loop on purpose: there the drafter and
-    the target take turns and evict each other's weights from the caches, so the target's
-    forward costs more than when it runs alone (as `profile_sps` times it)."""
-    g = drafter.block_size
+    K = the drafter's drafts per block on random prompts. Measured inside the loop on purpose:
+    there the drafter and the target take turns and evict each other's weights from the
+    caches, so the target's forward costs more than when it runs alone (as `profile_sps` times it)."""
+    k = drafter.num_drafts
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
 
-    def run(n):
-        return speculative_generate(target, drafter, prompts, max_new_tokens=n, path=path, scheduler=FixedK(g - 1))
+    def run(new_tokens):
+        return speculative_generate(target, drafter, prompts, max_new_tokens=new_tokens, path=path, scheduler=FixedK(k))
 
     run(2)  # warm-up
-    _, st = run(steps * g)
+    _, st = run(steps * (k + 1))
     return st["decode_seconds"] / max(1.0, st["steps"] / batch_size)
 
 
@@ -221,17 +221,17 @@ def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int =
     `Decoder` keeps the pair per batch size."""
     layers = drafter.config.target_layer_ids
     forward = profile_sps(target, batch_size, hidden_layers=layers)
-    # Whatever a real step costs beyond the profiled forward of its γ tokens per request
+    # Whatever a real step costs beyond the profiled forward of its K + 1 tokens per request
     # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
     # per-step overhead of every speculative step. Measured as a ratio to the same forward
     # timed right after, median of `rounds`: a shared machine's slow spells then cancel
     # instead of landing in the overhead (one slow measurement once priced a batch size out).
-    g = drafter.block_size
+    w = drafter.num_drafts + 1  # tokens per request of a full-width verify forward
     ratios = [
-        measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, g, layers)
+        measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, w, layers)
         for _ in range(rounds)
     ]
-    overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * g))))
+    overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * w))))
     return forward.with_overhead(overhead), forward
 
 
@@ -253,7 +253,7 @@ class Decoder:
             self.drafter_dir = drafter_dir_of(self.spec.drafter, drafter_dir, target)
             drafter = load_method_drafter(self.spec.drafter, target, self.drafter_dir)
         self.drafter = drafter
-        self.k_max = drafter.block_size - 1 if self.spec.k is None else self.spec.k
+        self.k_max = drafter.num_drafts if self.spec.k is None else self.spec.k
         self.proxies: dict[float, ConfidenceProxy] = {}
         self.priors: dict[float, ConfidenceStats | None] = {}
         self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds

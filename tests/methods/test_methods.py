@@ -83,12 +83,14 @@ def test_dflash2_backtrack_drafts_are_the_selectors_best_path():
     assert not torch.equal(blocks["backtrack"], blocks["greedy"])
 
 
-def test_dspark_greedy_equals_plain_fixed_and_ragged():
+@pytest.mark.parametrize("from_anchor", [True, False], ids=["sample_from_anchor", "dflash_slots"])
+def test_dspark_greedy_equals_plain_fixed_and_ragged(from_anchor):
     target = tiny_target(seed=5)
-    d = tiny_dspark(target)
+    d = tiny_dspark(target, from_anchor=from_anchor)
     prompts = prompts_of([4, 9, 2], 48, seed=5)
     want, _ = generate(target, prompts, max_new_tokens=26)
-    for sched in (FixedK(4), RaggedK(4)):
+    n = d.num_drafts
+    for sched in (FixedK(n), RaggedK(n), FixedK(2)):
         got, _ = speculative_generate(target, d, prompts, max_new_tokens=26, scheduler=sched)
         assert got == want
 
@@ -147,7 +149,7 @@ def test_record_collects_dspark_confidences():
     d = tiny_dspark(target)
     _, st = speculative_generate(target, d, prompts_of([4, 9], 48, seed=7), max_new_tokens=12, record=True)
     rec = st["records"]
-    assert rec["confidence"].shape == (st["steps"], 4) and rec["signals"] is None
+    assert rec["confidence"].shape == (st["steps"], d.num_drafts) == (st["steps"], 5) and rec["signals"] is None
     assert bool(((rec["confidence"] > 0) & (rec["confidence"] < 1)).all())
     assert bool((rec["num_accepted"] <= rec["num_verified"]).all())
 

@@ -53,10 +53,10 @@ def dspark_case():
     target = tiny_target(vocab=V, layers=1, seed=5, scale=3.0)
     d = tiny_dspark(target, block_size=4, seed=6, scale=8.0)
     with torch.no_grad():
-        w, D = d.conf_head.weight, d.config.hidden_size
+        w, D = d.confidence_head.proj.weight, d.config.hidden_size
         w[:, :D] = 0
         w[:, D:] = torch.randn(w[:, D:].shape, generator=torch.Generator().manual_seed(3)) * 0.35
-        d.conf_head.bias.fill_(1.0)
+        d.confidence_head.proj.bias.fill_(1.0)
     sps = SPSTable([1, 2, 3, 4], [1.0, 0.6, 0.55, 0.5])
     return target, d, (lambda: ConfidenceScheduler(3, sps)), {}
 

@@ -38,9 +38,15 @@ def tiny_target(seed=0) -> DecoderForCausalLM:
     return m.eval()
 
 
-def tiny_dspark(target, seed=1, block_size=5, use_ops=True, markov=True) -> DSparkDrafter:
+def tiny_dspark(target, seed=1, block_size=5, use_ops=True, markov=True, from_anchor=True) -> DSparkDrafter:
     cfg = DSparkConfig.for_target(
-        target.config, num_hidden_layers=2, block_size=block_size, mask_token_id=1, num_features=3, markov_rank=8
+        target.config,
+        num_hidden_layers=2,
+        block_size=block_size,
+        mask_token_id=1,
+        num_features=3,
+        markov_rank=8,
+        sample_from_anchor=from_anchor,
     )
     d = DSparkDrafter(cfg, target, use_ops=use_ops)
     d.init_weights(seed)
@@ -49,7 +55,7 @@ def tiny_dspark(target, seed=1, block_size=5, use_ops=True, markov=True) -> DSpa
         for name, p in d.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5, generator=g)
-            elif name.startswith(("markov_", "conf_head")):
+            elif name.startswith(("markov_head.", "confidence_head.")):
                 if markov:  # a strong Markov term: later drafts depend on earlier ones
                     p.copy_(torch.randn(p.shape, generator=g) * (3.0 if "markov" in name else 0.3))
             else:
@@ -70,35 +76,42 @@ def setup(d, target, B=3, S=40, seed=0):
     return tokens, hidden, ctx, cache, tokens.gather(1, ctx[:, None])[:, 0]
 
 
-def test_propose_ops_equal_reference():
+LAYOUTS = pytest.mark.parametrize("from_anchor", [True, False], ids=["sample_from_anchor", "dflash_slots"])
+
+
+@LAYOUTS
+def test_propose_ops_equal_reference(from_anchor):
     target = tiny_target()
-    d = tiny_dspark(target)
+    d = tiny_dspark(target, from_anchor=from_anchor)
+    n = d.num_drafts
+    assert n == (5 if from_anchor else 4)
     _, _, ctx, cache, anchor = setup(d, target)
     temp, seeds, offs = torch.tensor([1.0, 0.0, 0.6]), torch.tensor([3, 4, 5]), torch.tensor([0, 7, 100])
-    d.set_calibration([0.5, 1.0, 2.0, 3.0])
+    d.set_calibration([0.5, 1.0, 2.0, 3.0, 0.8][:n])
     got = d.draft_markov(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
     d.use_ops = False
     want = d.draft_markov(cache, anchor, ctx, temperature=temp, seeds=seeds, offsets=offs)
-    assert torch.equal(got[0], want[0]) and got[0].shape == (3, 4)
+    assert torch.equal(got[0], want[0]) and got[0].shape == (3, n)
     torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[2], want[2], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got[1].sum(-1), torch.ones(3, 4))
+    torch.testing.assert_close(got[1].sum(-1), torch.ones(3, n))
     assert torch.equal(got[1][1].argmax(-1), got[0][1]) and bool((got[1][1].max(-1).values == 1).all())  # T = 0
 
 
-def test_inference_form_equals_training_form():
+@LAYOUTS
+def test_inference_form_equals_training_form(from_anchor):
     """Greedy `propose` (ops) == the packed training forward + `markov_rollout`:
     same drafts, and confidences = sigmoid(z / T_k)."""
     target = tiny_target()
-    d = tiny_dspark(target)
+    d = tiny_dspark(target, from_anchor=from_anchor)
     tokens, hidden, ctx, cache, anchor = setup(d, target)
-    temps = torch.tensor([1.0, 0.5, 2.0, 1.5])
+    temps = torch.tensor([1.0, 0.5, 2.0, 1.5, 0.9][: d.num_drafts])
     d.set_calibration(temps)
     drafts, _, conf = d.draft_markov(cache, anchor, ctx)
     g = d.block_size
     with torch.no_grad():
         bt, pos = packed_blocks(tokens, ctx[:, None], g, 1)
-        h = d(hidden, bt, pos, block_mask(ctx[:, None], tokens.shape[1], g))[:, 1:]
+        h = d(hidden, bt, pos, block_mask(ctx[:, None], tokens.shape[1], g))[:, d.config.first_draft_slot :]
         want_drafts, z = markov_rollout(d, h, d.logits(h), anchor)
     assert torch.equal(drafts, want_drafts)
     torch.testing.assert_close(conf, torch.sigmoid(z / temps), atol=1e-5, rtol=1e-5)
@@ -112,9 +125,9 @@ def test_draft_logits_follow_the_greedy_chain():
     _, _, ctx, cache, anchor = setup(d, target)
     drafts, _, conf = d.draft_markov(cache, anchor, ctx)
     logits = d.draft_logits(cache, anchor, ctx)
-    assert logits.shape == (3, 4, VOCAB) and torch.equal(logits.argmax(-1), drafts)
+    assert logits.shape == (3, 5, VOCAB) and torch.equal(logits.argmax(-1), drafts)
     torch.testing.assert_close(d.last_confidence, conf)
-    assert not torch.equal(d.draft_hidden(cache, anchor, ctx)[:, 1:].argmax(-1), drafts)
+    assert not torch.equal(d.logits(d.draft_states(cache, anchor, ctx)).argmax(-1), drafts)
 
 
 def test_markov_head_conditions_on_previous_draft():
@@ -128,19 +141,23 @@ def test_markov_head_conditions_on_previous_draft():
     assert torch.equal(drafts, base)
     torch.testing.assert_close(conf, torch.full_like(conf, 0.5), atol=0.05, rtol=0)  # conf head near 0 at init
     d2 = tiny_dspark(target, markov=True)
-    d2.load_state_dict(d.state_dict() | {k: v for k, v in d2.state_dict().items() if k.startswith("markov_")})
+    d2.load_state_dict(d.state_dict() | {k: v for k, v in d2.state_dict().items() if k.startswith("markov_head.")})
     assert not torch.equal(d2.draft_markov(cache, anchor, ctx)[0], base)
     # The heads by hand for one request and position.
-    h = d2.draft_hidden(cache, anchor, ctx)[:, 1:]
+    h = d2.draft_states(cache, anchor, ctx)
     with torch.no_grad():
         logits, zk = d2.heads(h[0, 2], d2.logits(h[0, 2]), torch.tensor(7))
         want = d2.logits(h[0, 2]) + d2.markov_w2.weight @ d2.markov_w1.weight[7]
-        want_z = d2.conf_head.weight[0] @ torch.cat([h[0, 2], d2.markov_w1.weight[7]]) + d2.conf_head.bias[0]
+        proj = d2.confidence_head.proj
+        want_z = proj.weight[0] @ torch.cat([h[0, 2], d2.markov_w1.weight[7]]) + proj.bias[0]
     torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(zk, want_z, atol=1e-5, rtol=1e-5)
 
 
-def test_dflash_backbone_start():
+@LAYOUTS
+def test_dflash_backbone_start(from_anchor):
+    """A DFlash backbone loads into DSpark with the Markov term silent: its drafts are the
+    backbone's argmax at the drafting slots (in DeepSpec's layout the anchor's slot too)."""
     target = tiny_target()
     base = DFlashDrafter(
         DFlashConfig.for_target(target.config, num_hidden_layers=2, block_size=5, mask_token_id=1, num_features=3),
@@ -149,7 +166,13 @@ def test_dflash_backbone_start():
     base.init_weights(5)
     d = DSparkDrafter(
         DSparkConfig.for_target(
-            target.config, num_hidden_layers=2, block_size=5, mask_token_id=1, num_features=3, markov_rank=8
+            target.config,
+            num_hidden_layers=2,
+            block_size=5,
+            mask_token_id=1,
+            num_features=3,
+            markov_rank=8,
+            sample_from_anchor=from_anchor,
         ),
         target,
     )
@@ -159,7 +182,8 @@ def test_dflash_backbone_start():
     d.load_dflash_backbone(base.state_dict())
     _, _, ctx, cache, anchor = setup(d, target)
     _, _, _, cache_b, _ = setup(base, target)
-    assert torch.equal(d.draft_markov(cache, anchor, ctx)[0], base.draft_logits(cache_b, anchor, ctx).argmax(-1))
+    slots = base.draft_hidden(cache_b, anchor, ctx)[:, d.config.first_draft_slot :]
+    assert torch.equal(d.draft_markov(cache, anchor, ctx)[0], base.logits(slots).argmax(-1))
     with pytest.raises(ValueError, match="missing backbone"):
         d.load_dflash_backbone({"fc.weight": base.fc.weight})
 
@@ -170,11 +194,11 @@ def test_calibration_validation_and_round_trip(tmp_path):
     with pytest.raises(ValueError):
         d.set_calibration([1.0, 2.0])
     with pytest.raises(ValueError):
-        d.set_calibration([1.0, 2.0, 0.0, 1.0])
-    d.set_calibration([0.7, 1.1, 1.3, 2.0])
+        d.set_calibration([1.0, 2.0, 0.0, 1.0, 1.0])
+    d.set_calibration([0.7, 1.1, 1.3, 2.0, 0.9])
     save_dspark(d, tmp_path, dtype=torch.float32, calibration={"ece_after": 0.01})
     cal = json.loads((tmp_path / "calibration.json").read_text())
-    assert cal["ece_after"] == 0.01 and len(cal["temperatures"]) == 4
+    assert cal["ece_after"] == 0.01 and len(cal["temperatures"]) == 5
     d2 = load_dspark(tmp_path, target)
     assert dataclasses.replace(d2.config, torch_dtype="x") == dataclasses.replace(d.config, torch_dtype="x")
     torch.testing.assert_close(d2.conf_temperature, d.conf_temperature)

@@ -42,8 +42,10 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
     config = json.loads((path / "config.json").read_text())
     assert config["hidden_size"] == 576 and config["vocab_size"] == 49152
     assert config["target_layer_ids"] == [1, 8, 14, 20, 27]  # 5 of 30 layers, round(1 + i(L-4)/4)
-    if method != "dflash":
-        assert config["backbone"] == "../dflash"  # one backbone shared by the three
+    if method == "dflash2":
+        assert config["backbone"] == "../dflash"  # trained on the DFlash backbone, frozen and shared
+    if method == "dspark":  # DeepSpec's format: self-contained (its backbone fine-tuned from DFlash's)
+        assert config["architectures"] == ["Qwen3DSparkModel"] and "backbone" not in config
     target, prompts = smollm2
     decode = make_decoder(method, target)  # the shipped drafter of the target it is given
     assert decode.drafter_dir == path
@@ -54,8 +56,9 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
 
 
 def test_shipped_assets_fit_the_size_limit():
-    """All SmolLM2 drafter files together stay within the 25 MB the repository allots them."""
+    """All SmolLM2 drafter files together stay within the 40 MB the repository allots them (25 MB
+    while DSpark shared DFlash's backbone; DeepSpec's format holds DSpark's own, 17 MB in bf16)."""
     files = [f for f in SHIPPED.rglob("*") if f.is_file()] if SHIPPED.is_dir() else []
     if not files:
         pytest.skip("no smollm2 drafter has shipped yet")
-    assert sum(f.stat().st_size for f in files) <= 25 * 10**6
+    assert sum(f.stat().st_size for f in files) <= 40 * 10**6

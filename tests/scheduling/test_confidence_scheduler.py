@@ -239,7 +239,7 @@ def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():
         for name, p in d.named_parameters():
             if not name.endswith("norm.weight"):
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
-        d.conf_head.bias.fill_(2.0)  # confidences spread around 0.7-0.9: K varies per request and step
+        d.confidence_head.proj.bias.fill_(2.0)  # confidences spread around 0.7-0.9: K varies per request and step
     d.eval()
     prompts = [[3, 4, 5, 6, 7], [9, 8], [20, 21, 22, 23]]
     want, _ = generate(target, prompts, max_new_tokens=24)

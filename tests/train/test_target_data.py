@@ -182,24 +182,30 @@ def test_drafters_train_on_the_data_with_one_shared_backbone(generated, tmp_path
     train_dflash2(
         DFlash2TrainArgs(out=str(tmp_path / "r2"), export=str(tmp_path / "dflash2"), selector_rank=4, **derived)
     )
+    # DSpark in DeepSpec's layout starts from the backbone and fine-tunes it (its slots move by
+    # one), so it cannot share it frozen; in DFlash's layout it can.
+    with pytest.raises(ValueError, match="share-backbone"):
+        train_dspark(DSparkTrainArgs(out=str(tmp_path / "r3"), export=str(tmp_path / "x"), **derived))
     train_dspark(
         DSparkTrainArgs(
-            out=str(tmp_path / "r3"),
+            out=str(tmp_path / "r4"),
             export=str(tmp_path / "dspark"),
             markov_rank=4,
             calib_from=str(generated),
-            **derived,
+            **(derived | {"share_backbone": False}),
         )
     )
     tiny = catalog.load_target(catalog.resolve_target("tiny"))
     backbone = load_dflash(base, tiny).state_dict()
-    for name, load in (("dflash2", load_dflash2), ("dspark", load_dspark)):
-        assert json.loads((tmp_path / name / "config.json").read_text())["backbone"] == "../dflash"
-        own = (tmp_path / name / "model.safetensors").stat().st_size
-        assert own < (base / "model.safetensors").stat().st_size
-        state = load(tmp_path / name, tiny).state_dict()
-        for k, v in backbone.items():
-            assert torch.equal(state[k], v), k
+    assert json.loads((tmp_path / "dflash2" / "config.json").read_text())["backbone"] == "../dflash"
+    assert (tmp_path / "dflash2" / "model.safetensors").stat().st_size < (base / "model.safetensors").stat().st_size
+    state = load_dflash2(tmp_path / "dflash2", tiny).state_dict()
+    for k, v in backbone.items():
+        assert torch.equal(state[k], v), k
+    spark = load_dspark(tmp_path / "dspark", tiny)  # DeepSpec's format: self-contained, γ drafts
+    cfg = json.loads((tmp_path / "dspark" / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["sample_from_anchor"] and "backbone" not in cfg
+    assert spark.num_drafts == 4 and set(backbone) < set(spark.state_dict())
 
 
 def test_one_writer_per_directory(tmp_path):

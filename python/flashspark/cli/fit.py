@@ -162,7 +162,7 @@ def run_fit_proxy(args) -> int:
     outcome is seen), report ECE / AUC before (raw selector probability) and after."""
 
     target, drafter_dir, decode, prompts, eos = fit_setup(args, "dflash2", args.drafter)
-    width = decode.drafter.block_size - 1
+    width = decode.drafter.num_drafts
     report = {
         "command": getattr(args, "command_line", ""),
         "prompts": len(prompts),

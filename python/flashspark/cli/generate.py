@@ -20,6 +20,7 @@ from ..decoding.plain import encode_prompts, generate
 from ..methods import ADMISSIONS, DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
 from ..models import catalog
 from ..models.dflash2 import PATH_MODES
+from ..models.dspark import ARCHITECTURE as DSPARK_ARCHITECTURE
 from .common import load_tokenizer, read_prompts
 
 GENERATE_METHODS = ["ar", *DRAFTERS]
@@ -193,17 +194,21 @@ def check_generate_spec_args(args, method: str, target: catalog.TargetRef) -> No
                 f"no {method} drafter for {target.label} at {path} (drafters fit one target only): train it "
                 f"with `{catalog.train_hint(method, target.known)}`, or pass --drafter DIR"
             )
-    gamma = drafter_block_size(path)
-    if args.k is not None and gamma is not None and not 1 <= args.k <= gamma - 1:
-        raise ValueError(f"--k must be in [1, {gamma - 1}] (the {method} drafter's block size - 1), got {args.k}")
+    n = drafter_num_drafts(path)
+    if args.k is not None and n is not None and not 1 <= args.k <= n:
+        raise ValueError(f"--k must be in [1, {n}] (the {method} drafter's drafts per block), got {args.k}")
 
 
-def drafter_block_size(path) -> int | None:
-    """γ from a drafter directory's config.json, without its weights; None where it cannot be
-    read (loading the drafter then says what is wrong)."""
+def drafter_num_drafts(path) -> int | None:
+    """Drafts per block from a drafter directory's config.json, without its weights: γ - 1, or γ
+    in DeepSpec's layout (`sample_from_anchor`); None where it cannot be read (loading the
+    drafter then says what is wrong)."""
 
     try:
-        return int(json.loads((path / "config.json").read_text())["block_size"])
+        d = json.loads((path / "config.json").read_text())
+        # DeepSpec's configs name no layout: theirs drafts from the anchor.
+        from_anchor = d.get("sample_from_anchor", DSPARK_ARCHITECTURE in (d.get("architectures") or []))
+        return int(d["block_size"]) - (0 if from_anchor else 1)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -260,7 +265,7 @@ def run_generate_spec(args, method: str) -> int:
     verified = sum(s["drafts_verified"] for s in spec_stats) / max(1, steps)
     tps = new / secs if secs > 0 else 0.0
     same = "identical to" if spec_out == ar_out else "different from"
-    k = decode.drafter.block_size - 1 if args.k is None else args.k
+    k = decode.drafter.num_drafts if args.k is None else args.k
     how = f"K={k}" if args.scheduler == "fixed" else f"confidence scheduler, K<={k}"
     if method == "dflash2":
         how += f", {args.path} paths"

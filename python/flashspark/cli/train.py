@@ -132,6 +132,13 @@ def add_dflash2_options(p, d: DFlash2TrainArgs) -> None:
 def add_dspark_options(p, d: DSparkTrainArgs) -> None:
     add_derived_options(p, d)
     p.add_argument("--markov-rank", type=int, default=d.markov_rank)
+    p.add_argument(
+        "--sample-from-anchor",
+        action=argparse.BooleanOptionalAction,
+        default=d.sample_from_anchor,
+        help="DeepSpec's slot layout: the anchor's slot drafts too, γ drafts per block (default on; off: "
+        "DFlash's γ - 1)",
+    )
     p.add_argument("--target-topk", type=int, default=d.target_topk)
     p.add_argument("--calib-sequences", type=int, default=d.calib_sequences)
     p.add_argument(
@@ -223,7 +230,8 @@ def target_defaults(trainer: str, given: dict) -> dict:
         out["calib_from"] = str(runs / "data_calibration")
     if trainer in ("dflash2", "dspark"):
         out["init_from"] = os.path.relpath(catalog.drafter_dir("dflash", known))
-        out["share_backbone"] = True
+        # DSpark in DeepSpec's layout fine-tunes the backbone it starts from (its slots move by one).
+        out["share_backbone"] = trainer == "dflash2" or not given.get("sample_from_anchor", True)
     return {k: v for k, v in out.items() if k not in given}
 
 

@@ -45,17 +45,18 @@ def speculative_generate(
     """Decode all prompts as one batch; returns (new tokens per prompt, stats).
 
     A request stops after `eos_id` (included) or `max_new_tokens` tokens. `scheduler`
-    (default: FixedK(gamma - 1)) says how many drafts each request verifies per step.
+    (default: FixedK(drafter.num_drafts): γ - 1, or γ in DeepSpec's layout) says how many drafts
+    each request verifies per step.
     `path` is the DFlash 2 path mode. Request b draws from the Philox stream of seed
     `(seed << 32) + b`. `record` adds stats["records"]: per request-step confidences /
     signals and outcomes (for calibration reports).
     """
     device = target.model.embed_tokens.weight.device
-    g, B = drafter.block_size, len(prompts)
-    scheduler = scheduler or FixedK(g - 1)
+    g, n, B = drafter.block_size, drafter.num_drafts, len(prompts)
+    scheduler = scheduler or FixedK(n)
     K = scheduler.max_spec_len
-    if not 0 <= K <= g - 1:
-        raise ValueError(f"scheduler.max_spec_len = {K} must lie in [0, block size - 1 = {g - 1}]")
+    if not 0 <= K <= n:
+        raise ValueError(f"scheduler.max_spec_len = {K} must lie in [0, drafts per block = {n}]")
     check_prompts(prompts, max_new_tokens, target.config.max_position_embeddings, target.config.vocab_size)
     stats = LoopStats(B, K, device, record)
     if max_new_tokens == 0:
@@ -63,7 +64,7 @@ def speculative_generate(
     layers, want_signals = drafter.config.target_layer_ids, record or scheduler.wants_signals
     temp = torch.full((B,), float(temperature), device=device)
     seeds = (seed << 32) + torch.arange(B, device=device)
-    ar, rows_b = torch.arange(g, device=device), torch.arange(B, device=device)
+    ar, rows_b = torch.arange(n + 1, device=device), torch.arange(B, device=device)
 
     # 1. Prefill the target, sample the first token, inject the prompt's features into the drafter cache.
     tcache, dcache, lens, anchor = prefill(target, drafter, prompts, max_new_tokens + 2 * g, temp, seeds)
@@ -86,7 +87,7 @@ def speculative_generate(
                 ScheduleState(active, lens, block.tokens, block.logits, block.confidence, block.signals)
             )
         else:
-            block, k_b = DraftBlock(anchor.new_zeros(B, g - 1)), torch.zeros_like(lens)
+            block, k_b = DraftBlock(anchor.new_zeros(B, n)), torch.zeros_like(lens)
         stats.tick("schedule")
         # 4. One ragged target forward over [anchor, d_1 .. d_k_b], as wide as the longest;
         #    finished requests write nothing.
@@ -99,7 +100,7 @@ def speculative_generate(
             rows, drafts, cu, temperature=temp, seeds=seeds, offsets=offsets, max_spec_len=K, draft_probs=q,
             draft_probs_ids=q_ids,
         )  # fmt: skip
-        offsets += g  # the drafter drew g - 1 positions and verify up to K + 1 <= g: never reuse a draw
+        offsets += n + 1  # the drafter drew n positions and verify up to K + 1 <= n + 1: never reuse a draw
         stats.tick("verify")
         # 6. Commit accepted drafts + the correction/bonus token; stop at EOS / max_new_tokens.
         live, vtokens, n_acc = active.clone(), vtokens.long(), n_acc.long()  # live: the requests verified this step

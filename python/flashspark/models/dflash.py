@@ -116,6 +116,17 @@ class DFlashConfig(DecoderConfig):
             **kw,
         )
 
+    @property
+    def first_draft_slot(self) -> int:
+        """The block slot whose state gives the first draft: 1 in DFlash's layout (slot k
+        predicts the token at anchor + k; the anchor's own slot drafts nothing)."""
+        return 1
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafts per block: slots first_draft_slot .. γ - 1 (draft j predicts anchor + j)."""
+        return self.block_size - self.first_draft_slot
+
     def layer_config(self) -> DecoderConfig:
         """The shape of the drafter's decoder layers: Qwen3 layers at the drafter's widths."""
         names = {f.name for f in dataclasses.fields(DecoderConfig)}
@@ -207,6 +218,11 @@ class DFlashDrafter(nn.Module):
     @property
     def block_size(self) -> int:
         return self.config.block_size
+
+    @property
+    def num_drafts(self) -> int:
+        """Drafts per block (`DFlashConfig.num_drafts`): γ - 1, or γ in DeepSpec's layout."""
+        return self.config.num_drafts
 
     def attach(self, target: DecoderForCausalLM) -> "DFlashDrafter":
         """Share the target's (frozen) embedding and LM head."""
@@ -359,19 +375,24 @@ class DFlashDrafter(nn.Module):
         """The residual stream after a sublayer: x + sublayer(inp) (DFlash 2 fuses the add)."""
         return x + sublayer(inp)
 
+    def draft_states(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
+        """Final-normed states [B, num_drafts, D] of the slots that draft: draft j (1-based)
+        predicts the token at ctx_len + j."""
+        return self.draft_hidden(cache, anchor, ctx_lens)[:, self.config.first_draft_slot :]
+
     def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """[B, gamma - 1, V] float32 logits of block positions 1..gamma-1."""
-        return self.logits(self.draft_hidden(cache, anchor, ctx_lens)[:, 1:])
+        """[B, num_drafts, V] float32 logits of the drafting slots."""
+        return self.logits(self.draft_states(cache, anchor, ctx_lens))
 
     def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
-        """Draft γ-1 tokens per request after `anchor`, drawing at Philox positions offsets + 0 .. γ-2.
+        """Draft num_drafts tokens per request after `anchor`, drawing at Philox positions offsets + 0, 1, ....
 
         DFlash: one parallel pass, each position sampled from its own logits (q dense). Any
         DFlash-shaped drafter runs it (a DFlash 2 drafter: its backbone with DFlash's head).
         `path` and `signals` are DFlash 2's; other drafters ignore them.
         """
         logits = self.draft_logits(cache, anchor, ctx_lens)
-        positions = offsets[:, None] + torch.arange(self.block_size - 1, device=anchor.device)
+        positions = offsets[:, None] + torch.arange(self.num_drafts, device=anchor.device)
         tokens, q = sample_logits(logits, temperature, seeds, positions, PURPOSE_DRAFT, want_probs=True)
         return DraftBlock(tokens, q, logits=logits)
 
@@ -465,6 +486,7 @@ def load_drafter(
             raise FileNotFoundError(f"drafter {path} is trained on the backbone {path / config.backbone}, not found")
         state = load_file(str(shared))
     state.update(load_file(str(weights)))
+    take_target_tensors(state, target, path)
     want = drafter.state_dict()
     missing = sorted(set(want) - set(state))
     if missing:
@@ -477,6 +499,24 @@ def load_drafter(
     drafter.to(device=p.device, dtype=dtype or p.dtype)
     drafter.cos_sin = drafter.cos_sin.float()  # the RoPE table stays fp32
     return drafter.attach(target).eval()
+
+
+# Tensors a drafter checkpoint may carry as copies of its target's (DeepSpec stores both): the
+# drafter always uses the target's own, as engines do.
+TARGET_TENSORS = {"embed_tokens.weight": "embed", "lm_head.weight": "head"}
+
+
+def take_target_tensors(state: dict[str, torch.Tensor], target: DecoderForCausalLM, path) -> None:
+    """Drop the target's tensors from a checkpoint's `state`, after checking their shapes fit the
+    target (a drafter built for another vocabulary or width must not load)."""
+    shapes = {"embed": target.model.embed_tokens.weight.shape, "head": target.lm_head.weight.shape}
+    for name, which in TARGET_TENSORS.items():
+        t = state.pop(name, None)
+        if t is not None and tuple(t.shape) != tuple(shapes[which]):
+            raise ValueError(
+                f"drafter checkpoint {path}: {name} has shape {tuple(t.shape)}, the target's is "
+                f"{tuple(shapes[which])}: it was built for another target"
+            )
 
 
 def load_dflash(

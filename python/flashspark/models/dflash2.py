@@ -325,7 +325,7 @@ class DFlash2Drafter(DFlashDrafter):
 
         Draft k (1..γ-1) draws at Philox position ``offsets[b] + k - 1``, like the loop's DFlash drafts.
         """
-        hidden = self.draft_hidden(cache, anchor, ctx_lens)[:, 1:]
+        hidden = self.draft_states(cache, anchor, ctx_lens)
         cand_ids, unary, _ = self.lattice(hidden, with_g=False)
         # The selector's tensors from the modules' dicts (attribute lookups cost ~0.5 us each).
         sel = self._modules["selector"]

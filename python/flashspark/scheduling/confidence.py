@@ -387,8 +387,10 @@ class ConfidenceScheduler(Scheduler):
         if self.admission == "stop":
             k_b = schedule_tokens(conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len)
         else:
-            budget = int(schedule_tokens(conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len,
-                                         admit="best").sum())  # fmt: skip
+            planned = schedule_tokens(
+                conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len, admit="best"
+            )
+            budget = int(planned.sum())
             k_b = schedule_tokens(
                 conditional(self.stats.correct(survival)), active, self.sps, self.max_spec_len, admit=budget
             )

@@ -272,8 +272,7 @@ def train_drafter(
     out = Path(a.out)
     ckpt_path = out / "ckpt.pt"
     budget = a.minutes * 60.0
-    g = config.block_size
-    sample, N, L = batch_sampler(pool, a, g)
+    sample, N, L = batch_sampler(pool, a, config.num_drafts + 1)
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     decay_params = [p for p in trainable if p.dim() >= 2]
     other = [p for p in trainable if p.dim() < 2]
@@ -304,7 +303,7 @@ def train_drafter(
         log("no training time left in the budget: one step, then export")
     log(
         f"{desc}: {drafter.num_parameters():,} parameters ({sum(p.numel() for p in trainable):,} trained), "
-        f"{a.layers} layers, gamma {g}; pool {N} x {L} tokens; "
+        f"{a.layers} layers, gamma {config.block_size} ({config.num_drafts} drafts); pool {N} x {L} tokens; "
         f"training {(train_budget - elapsed) / 60:.1f} min"
     )
 
@@ -386,6 +385,8 @@ def train_drafter(
 
 def batch_sampler(pool, a, block_size: int):
     """(sample(generator) -> batch, sequences, tokens per sequence) over a pool of generated data.
+    `block_size` is the span of a block's labels: the anchor and its drafts (γ for DFlash,
+    γ + 1 for a drafter in DeepSpec's layout, whose anchor slot drafts too).
 
     A batch holds features, tokens, labels and anchors [B, blocks_per_seq]; from a `TargetData`
     directory also the target's Top-K (topk_ids, topk_logp), from an in-memory pool the rows'
@@ -423,23 +424,24 @@ def position_weights(block_size: int, decay: float, first: int = 1) -> torch.Ten
 
 
 def block_targets(tokens: torch.Tensor, labels: torch.Tensor, anchors: torch.Tensor, block_size: int):
-    """Teacher forcing of packed blocks: (prev, target) [B, nb, γ-1] for block positions
-    k = 1..γ-1; target = the target's greedy token at anchor + k (as in `block_loss`), prev
-    = the token before it (the anchor token at k = 1, the previous target token after)."""
+    """Teacher forcing of packed blocks: (prev, target) [B, nb, n] for drafts j = 1..n,
+    n = block_size - 1 (block_size: the span of anchor and drafts, as in `batch_sampler`);
+    target = the target's greedy token at anchor + j (as in `block_loss`), prev = the token
+    before it (the anchor token at j = 1, the previous target token after)."""
     B, nb = anchors.shape
     target = labels.gather(1, predicted_positions(anchors, block_size)).view(B, nb, block_size - 1)
     prev = torch.cat([tokens.gather(1, anchors)[..., None], target[..., :-1]], -1)
     return prev, target
 
 
-def eval_set(target, a, layer_ids, out: Path, tok) -> dict:
+def eval_set(target, a, layer_ids, out: Path, tok, span: int | None = None) -> dict:
     """Held-out greedy continuations: --eval-from's (a `train data --split heldout` directory),
     else held-out code prompts continued here (as in the DFlash trainer), reused from
-    --data-from when it fits."""
+    --data-from when it fits. `span`: tokens from the anchor to its last draft (default γ)."""
     if a.eval_from:
         held = TargetData(a.eval_from)
         held.check_for(target, layer_ids)
-        return held.eval_set(a.block_size, a.window, a.eval_sequences)
+        return held.eval_set(span or a.block_size, a.window, a.eval_sequences)
     for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
         p = d / "eval.pt"
         if p.is_file():

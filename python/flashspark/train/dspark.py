@@ -1,9 +1,11 @@
 """Distil the DSpark drafter from the shipped target on CPU, then calibrate its confidences.
 
 Data, anchors, masks and the budgeted loop are the DFlash trainer's
-(`train.dflash.train_drafter`). The loss (docs/dflash2_dspark.md, "DSpark drafter"),
-per block position k = 1..γ-1 weighted by exp(-k/γ_d), with teacher forcing
-(x_{k-1} = the true previous token):
+(`train.dflash.train_drafter`). The drafter is trained in DeepSpec's slot layout by default
+(`--sample-from-anchor`: γ drafts per block, the anchor's slot drafting the next token; the
+DFlash layout's γ - 1 with `--no-sample-from-anchor`). The loss (docs/dflash2_dspark.md,
+"DSpark drafter"), per draft j = 1..n weighted by exp(-(j-1)/γ_d) as DeepSpec weighs it, with
+teacher forcing (x_{j-1} = the true previous token):
 
     0.1 · CE(Markov logits, target's greedy token)
   + 0.9 · TV(q, p)                 q = softmax(Markov logits), p = the target's distribution
@@ -78,6 +80,7 @@ class DSparkTrainArgs(DerivedDrafterArgs):
     conf_weight: float = 1.0
     calib_sequences: int = 64  # held-out prompts for calibration (disjoint from the evaluation ones)
     calib_from: str = ""  # `train data --split calibration` directory ("" = held-out code prompts generated here)
+    sample_from_anchor: bool = True  # DeepSpec's slot layout (models/dspark.py)
 
 
 # ------------------------------------------------------------------- target distributions
@@ -120,32 +123,32 @@ def sparse_tv(q: torch.Tensor, p_ids: torch.Tensor, p_logp: torch.Tensor) -> tor
     return 0.5 * ((p - qk).abs().sum(-1) + rest)
 
 
-def _gather_positions(x: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Rows anchor + k (k = 1..γ-1) of per-position tensors x [B, L, K] -> [B, nb, γ-1, K]."""
+def _gather_positions(x: torch.Tensor, anchors: torch.Tensor, span: int) -> torch.Tensor:
+    """Rows anchor + j (j = 1..span-1, the drafts) of per-position tensors x [B, L, K] -> [B, nb, span-1, K]."""
     B, nb = anchors.shape
-    pos = (anchors[..., None] + torch.arange(1, block_size)).flatten(1)
-    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, block_size - 1, -1)
+    pos = (anchors[..., None] + torch.arange(1, span)).flatten(1)
+    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, span - 1, -1)
 
 
 # ------------------------------------------------------------------- loss
 def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
-    """Packed training forward: draft states h and base logits U [B, nb, γ-1, ...]."""
-    g = drafter.block_size
+    """Packed training forward: draft states h and base logits U [B, nb, n, ...] of the drafting slots."""
+    g, first = drafter.block_size, drafter.config.first_draft_slot
     B, nb = anchors.shape
     bt, pos = packed_blocks(tokens, anchors, g, drafter.config.mask_token_id)
-    hidden = drafter(feats, bt, pos, block_mask(anchors, feats.shape[1], g)).view(B, nb, g, -1)[:, :, 1:]
+    hidden = drafter(feats, bt, pos, block_mask(anchors, feats.shape[1], g)).view(B, nb, g, -1)[:, :, first:]
     return hidden, drafter.logits(hidden)
 
 
 def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights, coefs=(0.1, 0.9, 1.0)):
     """0.1·CE + 0.9·TV + 1.0·BCE(conf, 1 − TV), position-weighted, teacher forced.
     p_ids / p_logp [B, L, K]: the target's Top-K per position. Returns (loss, stats)."""
-    g = drafter.block_size
+    span = drafter.num_drafts + 1
     hidden, base = dspark_forward(drafter, feats, tokens, anchors)
-    prev, target = block_targets(tokens, labels, anchors, g)
+    prev, target = block_targets(tokens, labels, anchors, span)
     logits, z = drafter.heads(hidden, base, prev)
     q = torch.softmax(logits, -1)
-    tv = sparse_tv(q, _gather_positions(p_ids, anchors, g), _gather_positions(p_logp, anchors, g))
+    tv = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
     c_star = (1 - tv).detach().clamp(0, 1)
     ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
     bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
@@ -171,9 +174,9 @@ def rollout_outcomes(drafter: DSparkDrafter, ev: dict, prompt_tokens: int, batch
     z [blocks, γ-1] before calibration)."""
     was = drafter.training
     drafter.eval()
-    g = drafter.block_size
-    anchors = eval_anchors(ev, prompt_tokens, g)
-    batch = eval_batch(ev, anchors, g, drafter.config.vocab_size, batch)
+    span = drafter.num_drafts + 1
+    anchors = eval_anchors(ev, prompt_tokens, span)
+    batch = eval_batch(ev, anchors, span, drafter.config.vocab_size, batch)
     acc, zs = [], []
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
@@ -181,7 +184,7 @@ def rollout_outcomes(drafter: DSparkDrafter, ev: dict, prompt_tokens: int, batch
         an = rows_anchors(anchors, sl, tokens.shape[0])
         hidden, base = dspark_forward(drafter, ev["features"][sl].float(), tokens, an)
         drafts, z = markov_rollout(drafter, hidden, base, tokens.gather(1, an))
-        acc.append(valid_blocks(ev, sl, drafts == block_targets(tokens, labels, an, g)[1]))
+        acc.append(valid_blocks(ev, sl, drafts == block_targets(tokens, labels, an, span)[1]))
         zs.append(valid_blocks(ev, sl, z))
     drafter.train(was)
     return torch.cat(acc), torch.cat(zs)
@@ -257,7 +260,7 @@ def calibrate(drafter: DSparkDrafter, calib: dict, ev: dict, prompt_tokens: int)
     """Fit the temperatures on `calib`, set them on the drafter, report before/after on both splits."""
     acc_c, z_c = rollout_outcomes(drafter, calib, prompt_tokens)
     acc_e, z_e = rollout_outcomes(drafter, ev, prompt_tokens)
-    ones = torch.ones(drafter.block_size - 1)
+    ones = torch.ones(drafter.num_drafts)
     temps = fit_sequential_temperatures(z_c, acc_c)
     drafter.set_calibration(temps)
     return {
@@ -286,16 +289,23 @@ def train(a: DSparkTrainArgs) -> dict:
         mask_token_id=mask_id,
         intermediate_size=a.intermediate_size or None,
         markov_rank=a.markov_rank,
+        sample_from_anchor=a.sample_from_anchor,
     )
-    g = config.block_size
+    if a.share_backbone and a.sample_from_anchor:
+        raise ValueError(
+            "--share-backbone keeps the DFlash backbone frozen, whose slots draft in DFlash's layout; DeepSpec's "
+            "layout (--sample-from-anchor) fine-tunes the whole backbone: drop --share-backbone (--init-from "
+            "still starts from it), or train with --no-sample-from-anchor"
+        )
+    span = config.num_drafts + 1
     decay = a.gamma_d()
     layer_ids = config.target_layer_ids
-    ev = eval_set(target, a, layer_ids, out, tok)
+    ev = eval_set(target, a, layer_ids, out, tok, span)
     calib_path = out / "calib.pt"
     if a.calib_from:
         held = TargetData(a.calib_from)
         held.check_for(target, layer_ids)
-        calib = held.eval_set(g, a.window, a.calib_sequences)
+        calib = held.eval_set(span, a.window, a.calib_sequences)
     elif calib_path.is_file():
         calib = torch.load(calib_path)
     else:
@@ -324,7 +334,7 @@ def train(a: DSparkTrainArgs) -> dict:
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, False)
     start_backbone(drafter, a, target, log)
-    weights = position_weights(g, decay, first=0)  # exp(-k/γ_d), k = 1..γ-1
+    weights = position_weights(span, decay, first=1)  # exp(-(j-1)/γ_d), drafts j = 1..n (DeepSpec's)
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
     def loss_fn(d, b):
@@ -345,15 +355,16 @@ def export(drafter, target, ev, calib, a, config, run, decay, log) -> dict:
     """Calibrate, write the bf16 drafter with calibration.json, and measure what ships."""
     cal = calibrate(drafter, calib, ev, a.prompt_tokens)
     export_dir = Path(a.export)
-    backbone = a.init_from if a.share_backbone else None
-    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal, backbone=backbone)
+    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal)
     shipped = load_dspark(export_dir, target, dtype=torch.float32)
     final = evaluate_dspark(shipped, ev, a.prompt_tokens)
     summary = {
         "final": final,
         "calibration": cal,
         "params": shipped.num_parameters(),
-        "head_params": sum(p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_", "conf_"))),
+        "head_params": sum(
+            p.numel() for n, p in shipped.named_parameters() if n.startswith(("markov_head.", "confidence_head."))
+        ),
         **run_facts(a, config, target, decay, run),
     }
     publish(summary, a.out, export_dir, write_model_card)
@@ -368,13 +379,13 @@ def export(drafter, target, ev, calib, a, config, run, decay, log) -> dict:
 
 def write_model_card(path: Path, s: dict) -> None:
     c, a, f, cal = s["config"], s["args"], s["final"], s["calibration"]
-    g = c["block_size"]
+    g, n = c["block_size"], len(f["top1"])
     fc = f["calibration"]
     acc = "\n".join(
         f"| {k + 1} | {f['top1'][k]:.3f} | {f['acceptance'][k]:.3f} | {fc['mean_confidence'][k]:.3f} | "
         f"{cal['temperatures_fitted'][k]:.3f} | {cal['before']['eval_split']['ece_per_position'][k]:.3f} | "
         f"{fc['ece_per_position'][k]:.3f} |"
-        for k in range(g - 1)
+        for k in range(n)
     )
     rows = "\n".join(
         f"| {r['step']} | {r['minutes']:.1f} | {r['train_loss']:.3f} | {r['tau']:.2f} |" for r in s["history"]
@@ -400,7 +411,8 @@ the chance each draft survives verification, calibrated per position
 | backbone | DFlash: {c["num_hidden_layers"]} Qwen3 layers, hidden {c["hidden_size"]}, features from target layers {c["target_layer_ids"]} of {s["target_layers"]} |
 | Markov head | W1 Embedding({c["vocab_size"]}, {c["markov_rank"]}), W2 Linear({c["markov_rank"]}, {c["vocab_size"]}) |
 | confidence head | σ(Linear([h_k ; W1[x_(k−1)]]) / T_k) |
-| block size γ | {g} |
+| block size γ | {g}: {n} drafts per block ({"DeepSpec's layout: the anchor's slot drafts the next token" if c.get("sample_from_anchor") else "DFlash's layout: slot k drafts the token at anchor + k"}) |
+| checkpoint | DeepSpec's format (`Qwen3DSparkModel`, `markov_head.*`, `confidence_head.proj.*`) |
 | parameters | {s["params"]:,} ({s["head_params"]:,} in the heads; target: {s["target_params"]:,}) |
 | shipped dtype | bfloat16 |
 
@@ -429,7 +441,7 @@ calibrated a_k = ∏ c_i; ECE of a_k before/after calibration on this evaluation
 |---|---|---|---|---|---|---|
 {acc}
 
-τ (K = {g - 1}): **{f["tau"]:.2f}**.
+τ (K = {n}): **{f["tau"]:.2f}**.
 
 Calibration ({cal["calibration_blocks"]:,} blocks of {a["calib_sequences"]} other held-out prompts): ECE of the
 cumulative product over all positions, AUC of c_k against the conditional outcome:
