@@ -1,7 +1,7 @@
 """How well do per-token confidences predict verification? DSpark's calibrated
 head, the DFlash 2 confidence proxy (offline fit alone, and with its online
-updates), the raw selector probability it starts from, and the baseline engines
-ship: a per-position logistic on the drafter's top-2 margin learned online only
+updates), the raw selector probability of the best candidate (known before the
+draw) it starts from, and the baseline engines ship: a per-position logistic on the drafter's top-2 margin learned online only
 (scheduling/margin.py), on both drafters, on held-out prompts of the target's tasks.
 
 Every draft is verified (fixed K = γ - 1), so every outcome is observed. Online
@@ -39,7 +39,7 @@ DSPARK_HEAD = "DSpark head (calibrated)"
 DSPARK_MARGIN = "DSpark margin logistic (online)"
 PROXY = "DFlash 2 proxy"  # the shipped offline fit, frozen
 PROXY_ONLINE = "DFlash 2 proxy + online updates"
-SELECTOR = "DFlash 2 raw selector prob"
+SELECTOR = "DFlash 2 raw selector top prob"
 DFLASH2_MARGIN = "DFlash 2 margin logistic (online)"
 
 

@@ -258,3 +258,27 @@ def test_sparse_tv():
     v4, i4 = p.topk(4, -1)
     part = sparse_tv(q, i4, v4.log())
     assert bool((part <= full + 1e-6).all()) and bool((part >= full - (1 - v4.sum(-1)) - 1e-6).all())
+
+
+def test_exact_tv_and_the_targets_full_distribution():
+    """`target_next_logp` reads the logits row before each drafted position (the distribution of
+    token t given tokens < t), and `exact_tv` is ½‖q − p‖₁ over the whole vocabulary, which the
+    Top-K bound never exceeds."""
+    from flashspark.train.dspark import exact_tv, target_next_logp  # noqa: PLC0415 (functions under test)
+
+    target = tiny_target()
+    tokens = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(4))
+    anchors = torch.tensor([[3, 11], [0, 20]])
+    p = target_next_logp(target, tokens, anchors, 5)  # drafts at anchor + 1 .. anchor + 4
+    assert p.shape == (2, 2, 4, VOCAB)
+    with torch.no_grad():
+        for b, i, j in ((0, 1, 2), (1, 0, 0), (1, 1, 3)):
+            t = int(anchors[b, i]) + j + 1
+            want = torch.log_softmax(target(tokens[b : b + 1, :t]).logits[0, -1].float(), -1)
+            torch.testing.assert_close(p[b, i, j], want, atol=1e-5, rtol=1e-5)
+    q = torch.softmax(torch.randn(2, 2, 4, VOCAB), -1)
+    full = exact_tv(q, p)
+    torch.testing.assert_close(full, 0.5 * (q - p.exp()).abs().sum(-1))
+    v, i = p.exp().topk(8, -1)
+    bound = sparse_tv(q.flatten(0, 2), i.flatten(0, 2), v.log().flatten(0, 2)).view(2, 2, 4)
+    assert bool((bound <= full + 1e-6).all())

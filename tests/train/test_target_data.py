@@ -226,3 +226,14 @@ def test_one_writer_per_directory(tmp_path):
     assert generate_data(DataArgs(out=str(out), max_tokens=1, **SMALL))["shards"] == ["shard_00000"]
     with open(out / ".lock") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+
+
+def test_fingerprint_of_a_tensor_past_fp32_indices():
+    """SmolLM2's embedding holds 28,311,552 values: positions spaced in fp32 rounded the last one
+    past the end (IndexError while generating its data). Spaced in integers, the last value is read."""
+    big = torch.nn.Module()
+    big.w = torch.nn.Parameter(torch.zeros(2**24 + 3), requires_grad=False)
+    a = weights_fingerprint(big)
+    with torch.no_grad():
+        big.w[-1] = 1.0
+    assert weights_fingerprint(big) != a

@@ -83,7 +83,12 @@ def test_dflash_trains_exports_and_resumes(dflash_run):
 )
 def test_derived_drafters_start_from_the_dflash_run(dflash_run, tmp_path, args_cls, train, load):
     root, base = dflash_run
-    extra = dict(selector_topk=4, selector_rank=8) if args_cls is DFlash2TrainArgs else dict(calib_sequences=4)
+    # DSpark with the Top-K bound of the TV (the exact TV, DeepSpec's, is the default)
+    extra = (
+        dict(selector_topk=4, selector_rank=8)
+        if args_cls is DFlash2TrainArgs
+        else dict(calib_sequences=4, exact_tv=False)
+    )
     a = args_cls(
         out=str(tmp_path / "run"),
         export=str(tmp_path / "export"),

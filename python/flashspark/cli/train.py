@@ -139,6 +139,13 @@ def add_dspark_options(p, d: DSparkTrainArgs) -> None:
         help="DeepSpec's slot layout: the anchor's slot drafts too, γ drafts per block (default on; off: "
         "DFlash's γ - 1)",
     )
+    p.add_argument(
+        "--exact-tv",
+        action=argparse.BooleanOptionalAction,
+        default=d.exact_tv,
+        help="TV and the confidence target c* over the whole vocabulary from a target forward of every batch "
+        "(DeepSpec's; default on); off: the lower bound from the target's stored Top-K (half the step time)",
+    )
     p.add_argument("--target-topk", type=int, default=d.target_topk)
     p.add_argument("--calib-sequences", type=int, default=d.calib_sequences)
     p.add_argument(

@@ -168,8 +168,10 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
         flat = t.detach().reshape(-1)
         # Spaced by numel / samples, rounded down: a spacing that is a multiple of the row length
         # would sample one column of a [V, D] embedding only.
-        at = torch.linspace(0, flat.numel() - 1, min(flat.numel(), FINGERPRINT_SAMPLES), device=flat.device)
-        sample = flat[at.long()].to(torch.bfloat16).float().cpu()
+        # In integers: an fp32 linspace rounds its last point past the end of a 28 M-value tensor.
+        n = min(flat.numel(), FINGERPRINT_SAMPLES)
+        at = torch.arange(n, dtype=torch.int64, device=flat.device) * (flat.numel() - 1) // max(n - 1, 1)
+        sample = flat[at].to(torch.bfloat16).float().cpu()
         h.update(f"{name}:{tuple(t.shape)}:".encode())
         h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]

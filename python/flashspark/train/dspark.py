@@ -11,10 +11,13 @@ teacher forcing (x_{j-1} = the true previous token):
   + 0.9 · TV(q, p)                 q = softmax(Markov logits), p = the target's distribution
   + 1.0 · BCE(c_k, c*_k)           c*_k = 1 − TV(q, p), detached
 
-p is the target's next-token distribution at that position, kept as its Top-K
-(`--target-topk`, computed once over the generated data); TV is exact on those
-K tokens and uses the total remaining mass for the rest (a lower bound whose
-error is at most the target's mass outside its Top-K).
+p is the target's next-token distribution at that position, over the whole vocabulary from
+a target forward of every batch, as DeepSpec computes it (c* = 1 − ½‖q − p‖₁ exactly; the
+default, `--exact-tv`). `--no-exact-tv` keeps p as its Top-K (`--target-topk`, computed
+once over the generated data) and uses a lower bound of the TV: exact on those K tokens,
+the total remaining mass for the rest. On this CPU the exact form costs 1.8x (tiny target)
+to 2.1x (SmolLM2) a training step, and the bound raises c* by 0.05-0.07 on average (up to
+0.6 at a position): `bench/dspark_tv_bench.py`, bench/results/dspark_tv_bench*.json.
 
 **Calibration**: after training, the confidence logits get per-position
 temperatures T_k, fitted sequentially on a held-out calibration split
@@ -81,6 +84,7 @@ class DSparkTrainArgs(DerivedDrafterArgs):
     calib_sequences: int = 64  # held-out prompts for calibration (disjoint from the evaluation ones)
     calib_from: str = ""  # `train data --split calibration` directory ("" = held-out code prompts generated here)
     sample_from_anchor: bool = True  # DeepSpec's slot layout (models/dspark.py)
+    exact_tv: bool = True  # TV and c* over the full vocabulary (DeepSpec's; a target forward per batch), else the Top-K bound
 
 
 # ------------------------------------------------------------------- target distributions
@@ -114,6 +118,23 @@ def cached_topk(target, tokens: torch.Tensor, k: int, path: Path, log=print):
     return ids, logp
 
 
+@torch.no_grad()
+def target_next_logp(target, tokens: torch.Tensor, anchors: torch.Tensor, span: int) -> torch.Tensor:
+    """The target's full next-token log-probs [B, nb, span-1, V] at the drafted positions
+    anchor + 1 .. anchor + span - 1 (the distribution of token t is the logits row t - 1),
+    from one forward of the batch's sequences [B, L] (right padding, read by no anchor)."""
+    B, nb = anchors.shape
+    logits = target(tokens.clamp(min=0)).logits  # [B, L, V]
+    rows = (anchors[..., None] + torch.arange(span - 1)).flatten(1)  # row t - 1 for t = a + 1 ..
+    picked = logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
+    return torch.log_softmax(picked.float(), -1).view(B, nb, span - 1, -1)
+
+
+def exact_tv(q: torch.Tensor, p_logp: torch.Tensor) -> torch.Tensor:
+    """½‖q − p‖₁ [...] over the whole vocabulary, q and p [..., V] (p as log-probs)."""
+    return 0.5 * (q - p_logp.exp()).abs().sum(-1)
+
+
 def sparse_tv(q: torch.Tensor, p_ids: torch.Tensor, p_logp: torch.Tensor) -> torch.Tensor:
     """½‖q − p‖₁ [...] for dense q [..., V] and p given by its Top-K (ids, log-probs) [..., K]:
     exact on the K tokens, |mass_p − mass_q| for the rest (a lower bound)."""
@@ -140,15 +161,22 @@ def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
     return hidden, drafter.logits(hidden)
 
 
-def dspark_loss(drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights, coefs=(0.1, 0.9, 1.0)):
+def dspark_loss(
+    drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights, coefs=(0.1, 0.9, 1.0), p_full=None
+):
     """0.1·CE + 0.9·TV + 1.0·BCE(conf, 1 − TV), position-weighted, teacher forced.
-    p_ids / p_logp [B, L, K]: the target's Top-K per position. Returns (loss, stats)."""
+    p_ids / p_logp [B, L, K]: the target's Top-K per position (the TV bound); or p_full
+    [B, nb, n, V]: its full log-probs at the drafted positions (`target_next_logp`, exact TV).
+    Returns (loss, stats)."""
     span = drafter.num_drafts + 1
     hidden, base = dspark_forward(drafter, feats, tokens, anchors)
     prev, target = block_targets(tokens, labels, anchors, span)
     logits, z = drafter.heads(hidden, base, prev)
     q = torch.softmax(logits, -1)
-    tv = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
+    if p_full is not None:
+        tv = exact_tv(q, p_full)
+    else:
+        tv = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
     c_star = (1 - tv).detach().clamp(0, 1)
     ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
     bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
@@ -318,7 +346,9 @@ def train(a: DSparkTrainArgs) -> dict:
         data.atomic_write(calib_path, lambda f: torch.save(calib, f))
     gen_budget = max(30.0, a.gen_frac * a.minutes * 60 - (time.time() - wall_start))
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
-    if isinstance(pool, TargetData):  # the target's Top-K was kept with the data
+    if a.exact_tv:  # the full distribution comes from a target forward of each batch
+        p_ids = p_logp = None
+    elif isinstance(pool, TargetData):  # the target's Top-K was kept with the data
         if pool.definition["top_k"] < a.target_topk:
             raise ValueError(
                 f"{a.data_from} keeps the target's top-{pool.definition['top_k']}; asked for {a.target_topk}"
@@ -338,6 +368,11 @@ def train(a: DSparkTrainArgs) -> dict:
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
     def loss_fn(d, b):
+        if a.exact_tv:
+            full = target_next_logp(target, b["tokens"], b["anchors"], span)
+            return dspark_loss(
+                d, b["features"], b["tokens"], b["labels"], b["anchors"], None, None, weights, coefs, full
+            )
         if p_ids is None:
             ids, logp = b["topk_ids"][..., : a.target_topk], b["topk_logp"][..., : a.target_topk]
         else:
