@@ -48,7 +48,7 @@ METHODS = [
 ]
 
 
-def label(method: str, gamma: int) -> str:
+def label(method: str, drafts: int) -> str:
     """Readable names for tables and plots."""
     if method == "ar":
         return "plain"
@@ -56,7 +56,7 @@ def label(method: str, gamma: int) -> str:
     name = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark"}[spec.drafter]
     if spec.scheduler == "confidence":
         return name + (" + proxy + scheduler" if spec.drafter == "dflash2" else " + scheduler")
-    return f"{name} K={gamma - 1 if spec.k is None else spec.k}"
+    return f"{name} K={drafts if spec.k is None else spec.k}"
 
 
 def verdict(rows: list[dict], noise: float) -> dict:
@@ -85,7 +85,7 @@ def verdict(rows: list[dict], noise: float) -> dict:
     return {"noise": noise, "cells": out, "bar_met": all(v["at_or_above_all"] and v["above_plain"] for v in out)}
 
 
-def markdown(result: dict, gamma: int) -> str:
+def markdown(result: dict) -> str:
     target_name = result.get("target_label", catalog.DEFAULT_TARGET)
     on = "" if target_name == catalog.DEFAULT_TARGET else f", target {target_name}"
     prompts = (
@@ -124,13 +124,13 @@ def markdown(result: dict, gamma: int) -> str:
                     r = next(r for r in sub if r["method"] == m and r["concurrency"] == c)
                     txt = f"{r['speedup']:.2f}x ({r['tau']:.2f})"
                     cells.append(f"**{txt}**" if best[c] == m else txt)
-                lines.append(f"| {label(m, gamma)} | " + " | ".join(cells) + " |")
+                lines.append(f"| {result['labels'][m]} | " + " | ".join(cells) + " |")
             wasted = [r for r in sub if r["method"] in (COMBO, "dflash2")]
             lines += [
                 "",
                 "Drafts verified per step / fraction wasted: "
                 + "; ".join(
-                    f"{label(r['method'], gamma)} c={r['concurrency']}: {r['verified_per_step']:.2f} / "
+                    f"{result['labels'][r['method']]} c={r['concurrency']}: {r['verified_per_step']:.2f} / "
                     f"{r['wasted_fraction']:.2f}"
                     for r in wasted
                 ),
@@ -146,13 +146,13 @@ def markdown(result: dict, gamma: int) -> str:
     for c in misses:
         lines.append(
             f"- {c['task']}, T={c['temperature']:g}, c={c['concurrency']}: combination "
-            f"{c['combo_speedup']:.2f}x, best other {label(c['best_other'], gamma)} "
+            f"{c['combo_speedup']:.2f}x, best other {result['labels'][c['best_other']]} "
             f"{c['best_other_speedup']:.2f}x"
         )
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, task: str, path: Path, gamma: int) -> None:
+def plot(result: dict, task: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,7 +168,7 @@ def plot(result: dict, task: str, path: Path, gamma: int) -> None:
                 if r["task"] == task and r["temperature"] == t and r["method"] == m
             )
             style = dict(linewidth=2.6, color="black") if m == COMBO else dict(linewidth=1.3)
-            ax.plot(*zip(*pts), marker="o", label=label(m, gamma), **style)
+            ax.plot(*zip(*pts), marker="o", label=result["labels"][m], **style)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         e2e_bench.style_concurrency_axes(
             ax,
@@ -227,7 +227,8 @@ def main(argv=None) -> int:
         args.tasks = args.tasks or list(target.tasks)
         targets.check_tasks(target, args.tasks)
         methods = e2e_bench.make_methods(args, target.model)
-        gamma = next(d.drafter.block_size for d in methods.values() if hasattr(d, "drafter"))
+        # A method's default K is its drafter's drafts per block (γ - 1, or γ in DeepSpec's layout).
+        drafts = {m: d.drafter.num_drafts for m, d in methods.items() if hasattr(d, "drafter")}
         rows = []
         for task in args.tasks:
             for t in args.temperatures:
@@ -247,7 +248,7 @@ def main(argv=None) -> int:
         "tasks": args.tasks,
         "temperatures": args.temperatures,
         "methods": list(methods),
-        "labels": {m: label(m, gamma) for m in methods},
+        "labels": {m: label(m, drafts.get(m, 0)) for m in methods},
         # the tiny target's prompts are all this long; a real target's are the prompt sets' own
         "prompt_tokens": args.prompt_tokens if target.tiny else None,
         "max_new_tokens": args.max_new_tokens,
@@ -258,11 +259,11 @@ def main(argv=None) -> int:
     result["verdict"] = verdict(rows, args.noise)
     timing.save_result(result, out)
     md = out.with_suffix(".md")
-    md.write_text(markdown(result, gamma))
+    md.write_text(markdown(result))
     pngs = []
     for task in args.tasks:
         png = out.with_name(f"{out.stem}_{task}.png")
-        plot(result, task, png, gamma)
+        plot(result, task, png)
         pngs.append(png.name)
     print(
         f"\nbar {'met' if result['verdict']['bar_met'] else 'NOT met'}; wrote {out}, {md.name}, {', '.join(pngs)} "

@@ -122,6 +122,7 @@ def row(spec: str, temperature: float, task: str, decode, stats: list[dict]) -> 
         "temperature": temperature,
         "task": task,
         "gamma": decode.drafter.block_size,
+        "drafts": decode.drafter.num_drafts,
         "k": decode.k_max,
         **summarize(stats),
     }
@@ -129,9 +130,10 @@ def row(spec: str, temperature: float, task: str, decode, stats: list[dict]) -> 
 
 def bar_method(row: dict) -> str:
     """The drafter a row measures for the bars (its name) when it runs the drafter's default
-    method, fixed K = γ - 1 however the spec spells it; else the spec itself (no bar reads it)."""
+    method, fixed K = its drafts per block (γ - 1, or γ in DeepSpec's layout) however the spec
+    spells it; else the spec itself (no bar reads it)."""
     spec = parse_method(row["method"])
-    default_k = spec.k is None or spec.k == row.get("gamma", 0) - 1
+    default_k = spec.k is None or spec.k == row.get("drafts", row.get("gamma", 0) - 1)
     return (
         spec.drafter if default_k and dataclasses.replace(spec, k=None) == MethodSpec(spec.drafter) else row["method"]
     )
@@ -142,9 +144,9 @@ def check_bar_methods(decoders: dict) -> None:
     γ = 8): the same measurement twice, and the bars could read only one of them."""
     seen = {}
     for spec, decode in decoders.items():
-        key = bar_method({"method": spec, "gamma": decode.drafter.block_size})
+        key = bar_method({"method": spec, "drafts": decode.drafter.num_drafts})
         if key in seen:
-            raise ValueError(f"--methods {seen[key]} and {spec} are the same method (K = γ - 1): measure it once")
+            raise ValueError(f"--methods {seen[key]} and {spec} are the same method (K = all drafts): measure it once")
         seen[key] = spec
 
 

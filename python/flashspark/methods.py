@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,16 +146,25 @@ def load_proxy(drafter_dir: str | Path, temperature: float, device=None) -> Conf
     return ConfidenceProxy.load(Path(drafter_dir) / PROXY_FILES[key], device=device)
 
 
-def load_prior(drafter_dir: str | Path, temperature: float) -> ConfidenceStats | None:
+def load_prior(drafter_dir: str | Path, temperature: float, width: int | None = None) -> ConfidenceStats | None:
     """The scheduler prior shipped with a drafter (measured in the loop on the calibration
     prompts at the temperature nearest `temperature`), weighted as SHIPPED_PRIOR_ROWS rows;
-    None if the drafter has none."""
+    None if the drafter has none, or (with a warning) if it covers another number of drafts
+    per block than `width` (a prior left from a drafter retrained in another slot layout)."""
     path = Path(drafter_dir) / PRIOR_FILE
     if not path.is_file():
         return None
     per_t = json.loads(path.read_text())["temperatures"]
     key = min(per_t, key=lambda t: abs(float(t) - temperature))
-    return ConfidenceStats.from_dict(per_t[key]["stats"]).scaled(SHIPPED_PRIOR_ROWS)
+    stats = ConfidenceStats.from_dict(per_t[key]["stats"])
+    if width is not None and stats.width != width:
+        warnings.warn(
+            f"{path} covers {stats.width} drafts per block, the drafter drafts {width}: ignored "
+            f"(refit it: python -m flashspark fit-prior)",
+            stacklevel=2,
+        )
+        return None
+    return stats.scaled(SHIPPED_PRIOR_ROWS)
 
 
 @torch.no_grad()
@@ -220,7 +230,10 @@ def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int =
     step at T = batch size). The forward's table is cached on disk (`profile_sps`); a
     `Decoder` keeps the pair per batch size."""
     layers = drafter.config.target_layer_ids
-    forward = profile_sps(target, batch_size, hidden_layers=layers)
+    # Every verify width a step can take: 1 .. num_drafts + 1 tokens per request (beyond the
+    # table's end SPS would be read as flat, and the last draft as free).
+    widths = range(1, drafter.num_drafts + 2)
+    forward = profile_sps(target, batch_size, [batch_size * w for w in widths], hidden_layers=layers)
     # Whatever a real step costs beyond the profiled forward of its K + 1 tokens per request
     # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
     # per-step overhead of every speculative step. Measured as a ratio to the same forward
@@ -298,7 +311,9 @@ class Decoder:
         if temperature not in self.priors:
             confident_method = spec.scheduler == "confidence"
             self.priors[temperature] = (
-                load_prior(self.drafter_dir, temperature) if confident_method and self.drafter_dir else None
+                load_prior(self.drafter_dir, temperature, self.drafter.num_drafts)
+                if confident_method and self.drafter_dir
+                else None
             )
         prior = self.priors[temperature]
         scheduler = self.scheduler_for(B, temperature, prior, self.step_costs.get(B))

@@ -55,9 +55,11 @@ def test_markdown_and_labels():
         "results": rows({"ar": 1.0, "dflash": 1.2, "dflash2:k=4": 1.3, COMBO: 1.28}),
     }
     result["verdict"] = combo_bench.verdict(result["results"], 0.03)
-    md = combo_bench.markdown(result, 8)
+    result["labels"] = {m: combo_bench.label(m, 7) for m in result["methods"]}  # γ = 8, γ - 1 drafts
+    md = combo_bench.markdown(result)
     assert "| DFlash 2 K=4 | **1.30x (2.30)** |" in md and "| plain | 1.00x (2.00) |" in md
     assert "**met**" in md
-    assert combo_bench.label("dspark:sched=confidence", 8) == "DSpark + scheduler"
-    assert combo_bench.label(COMBO, 8) == "DFlash 2 + proxy + scheduler"
-    assert combo_bench.label("dflash", 8) == "DFlash K=7"
+    assert combo_bench.label("dspark:sched=confidence", 7) == "DSpark + scheduler"
+    assert combo_bench.label(COMBO, 7) == "DFlash 2 + proxy + scheduler"
+    assert combo_bench.label("dflash", 7) == "DFlash K=7"
+    assert combo_bench.label("dspark", 8) == "DSpark K=8"  # DeepSpec's layout: γ drafts

@@ -504,3 +504,38 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
         assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate
         # Speculating, the loop drafts every step (what it verifies is the recalibrated schedule's call).
         assert (st2["plain_steps"] == 0) == speculate and (st2["tau"] == 1.0 or speculate)
+
+
+def test_a_prior_of_another_width_is_ignored(tmp_path):
+    """A scheduler prior left from a drafter with another number of drafts per block (retrained in
+    DeepSpec's slot layout) would break the scheduler's arithmetic: it is ignored, with a warning."""
+    import json  # noqa: PLC0415
+
+    from flashspark.methods import PRIOR_FILE, load_prior  # noqa: PLC0415
+    from flashspark.scheduling.confidence import ConfidenceStats  # noqa: PLC0415
+
+    stats = ConfidenceStats(7)
+    stats.add_rows(torch.full((4, 7), 0.5))
+    (tmp_path / PRIOR_FILE).write_text(json.dumps({"temperatures": {"0": {"stats": stats.to_dict()}}}))
+    assert load_prior(tmp_path, 0.0, 7).width == 7
+    with pytest.warns(UserWarning, match="covers 7 drafts per block, the drafter drafts 8"):
+        assert load_prior(tmp_path, 0.0, 8) is None
+
+
+def test_step_table_covers_every_verify_width(monkeypatch):
+    """The step table spans 1 .. num_drafts + 1 tokens per request (DeepSpec's layout: γ + 1), so the
+    last draft is never priced as free."""
+    from flashspark import methods  # noqa: PLC0415
+
+    seen = {}
+
+    def fake_profile(target, batch_size, token_counts=None, **kw):
+        seen["tokens"] = list(token_counts)
+        return SPSTable(seen["tokens"], [1.0] * len(seen["tokens"]))
+
+    monkeypatch.setattr(methods, "profile_sps", fake_profile)
+    monkeypatch.setattr(methods, "measured_step_seconds", lambda *a, **k: 1.0)
+    monkeypatch.setattr(methods, "forward_seconds_now", lambda *a, **k: 1.0)
+    target = tiny_target(seed=5)
+    methods.step_sps(target, tiny_dspark(target), 3)
+    assert seen["tokens"] == [3 * w for w in range(1, 5 + 2)]  # γ = 5: up to 6 tokens per request

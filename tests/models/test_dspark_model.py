@@ -282,3 +282,30 @@ def test_exact_tv_and_the_targets_full_distribution():
     v, i = p.exp().topk(8, -1)
     bound = sparse_tv(q.flatten(0, 2), i.flatten(0, 2), v.log().flatten(0, 2)).view(2, 2, 4)
     assert bool((bound <= full + 1e-6).all())
+
+
+def test_exact_rows_pick_the_exact_or_the_bound_per_row():
+    """Rows a --window cut take the stored Top-K bound, the others the exact TV: the mixed loss
+    equals the exact one when every row is exact and the bound's when none is."""
+    from flashspark.train.dspark import dspark_loss, target_next_logp, target_topk  # noqa: PLC0415
+
+    target = tiny_target()
+    d = tiny_dspark(target)
+    tokens = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        feats = target(tokens, hidden_layers=d.config.target_layer_ids).hidden
+    labels = torch.cat([torch.full((2, 1), -1), tokens[:, 1:]], 1)
+    anchors = torch.tensor([[4, 12], [7, 20]])
+    span, w = d.num_drafts + 1, torch.ones(d.num_drafts)
+    full = target_next_logp(target, tokens, anchors, span)
+    ids, logp = target_topk(target, tokens, 4)
+    args = (d, feats, tokens, labels, anchors)
+    with torch.no_grad():
+        exact = dspark_loss(*args, None, None, w, p_full=full)[0]
+        bound = dspark_loss(*args, ids, logp, w)[0]
+        every = dspark_loss(*args, ids, logp, w, p_full=full, exact_rows=torch.tensor([True, True]))[0]
+        none_ = dspark_loss(*args, ids, logp, w, p_full=full, exact_rows=torch.tensor([False, False]))[0]
+        mixed = dspark_loss(*args, ids, logp, w, p_full=full, exact_rows=torch.tensor([True, False]))[0]
+    torch.testing.assert_close(every, exact)
+    torch.testing.assert_close(none_, bound)
+    assert float(exact) != float(bound) and min(exact, bound) - 1e-6 <= mixed <= max(exact, bound) + 1e-6

@@ -135,6 +135,9 @@ def test_anchors_and_held_out_sets(generated):
     d = TargetData(generated)
     rows = d.rows([0, 1, 2], window=20)
     assert rows["tokens"].shape[1] <= 20 and rows["features"].shape[1] == rows["tokens"].shape[1] - 1
+    full = d.index[[0, 1, 2], 2]
+    assert rows["cut"].tolist() == [max(0, int(n) - 20) for n in full]  # what a target run on the row misses
+    assert d.rows([0, 1, 2], window=4096)["cut"].tolist() == [0, 0, 0]
     an = sample_row_anchors(rows["start"], rows["length"], 50, 4, torch.Generator().manual_seed(0))
     assert bool((an >= rows["start"][:, None]).all() and (an + 4 <= rows["length"][:, None]).all())
     ev = d.eval_set(8, 4096, anchors_per_row=6)

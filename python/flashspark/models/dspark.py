@@ -59,6 +59,7 @@ DSPARK_KEYS = (
     "confidence_head_with_markov",
     "sample_from_anchor",
     "num_target_layers",
+    "num_anchors",
 )
 
 
@@ -70,6 +71,7 @@ class DSparkConfig(DFlashConfig):
     confidence_head_with_markov: bool = True  # the confidence head reads W1[x_{j-1}] too
     sample_from_anchor: bool = True  # DeepSpec's slot layout (module docstring)
     num_target_layers: int | None = None  # the target's depth, recorded as DeepSpec does
+    num_anchors: int = 512  # a training setting DeepSpec's model class requires in its config
     architectures: list[str] = field(default_factory=lambda: [ARCHITECTURE])
     model_type: str = "qwen3"
 

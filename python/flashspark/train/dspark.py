@@ -84,7 +84,9 @@ class DSparkTrainArgs(DerivedDrafterArgs):
     calib_sequences: int = 64  # held-out prompts for calibration (disjoint from the evaluation ones)
     calib_from: str = ""  # `train data --split calibration` directory ("" = held-out code prompts generated here)
     sample_from_anchor: bool = True  # DeepSpec's slot layout (models/dspark.py)
-    exact_tv: bool = True  # TV and c* over the full vocabulary (DeepSpec's; a target forward per batch), else the Top-K bound
+    exact_tv: bool = (
+        True  # TV and c* over the full vocabulary (DeepSpec's; a target forward per batch), else the Top-K bound
+    )
 
 
 # ------------------------------------------------------------------- target distributions
@@ -162,11 +164,22 @@ def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
 
 
 def dspark_loss(
-    drafter: DSparkDrafter, feats, tokens, labels, anchors, p_ids, p_logp, weights, coefs=(0.1, 0.9, 1.0), p_full=None
+    drafter: DSparkDrafter,
+    feats,
+    tokens,
+    labels,
+    anchors,
+    p_ids,
+    p_logp,
+    weights,
+    coefs=(0.1, 0.9, 1.0),
+    p_full=None,
+    exact_rows=None,
 ):
     """0.1·CE + 0.9·TV + 1.0·BCE(conf, 1 − TV), position-weighted, teacher forced.
     p_ids / p_logp [B, L, K]: the target's Top-K per position (the TV bound); or p_full
-    [B, nb, n, V]: its full log-probs at the drafted positions (`target_next_logp`, exact TV).
+    [B, nb, n, V]: its full log-probs at the drafted positions (`target_next_logp`, exact TV);
+    with both, `exact_rows` [B] bool says which rows take the exact TV (the others the bound).
     Returns (loss, stats)."""
     span = drafter.num_drafts + 1
     hidden, base = dspark_forward(drafter, feats, tokens, anchors)
@@ -175,8 +188,9 @@ def dspark_loss(
     q = torch.softmax(logits, -1)
     if p_full is not None:
         tv = exact_tv(q, p_full)
-    else:
-        tv = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
+    if p_ids is not None:
+        bound = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
+        tv = bound if p_full is None else torch.where(exact_rows[:, None, None], tv, bound)
     c_star = (1 - tv).detach().clamp(0, 1)
     ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
     bce = F.binary_cross_entropy_with_logits(z, c_star, reduction="none")
@@ -370,6 +384,13 @@ def train(a: DSparkTrainArgs) -> dict:
     def loss_fn(d, b):
         if a.exact_tv:
             full = target_next_logp(target, b["tokens"], b["anchors"], span)
+            cut = b.get("cut")
+            if cut is not None and bool((cut > 0).any()):
+                # Rows cut to --window: the target would see less context than the data's; the stored bound.
+                ids, logp = b["topk_ids"][..., : a.target_topk], b["topk_logp"][..., : a.target_topk]
+                return dspark_loss(
+                    d, b["features"], b["tokens"], b["labels"], b["anchors"], ids, logp, weights, coefs, full, cut == 0
+                )
             return dspark_loss(
                 d, b["features"], b["tokens"], b["labels"], b["anchors"], None, None, weights, coefs, full
             )

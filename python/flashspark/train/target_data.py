@@ -438,7 +438,7 @@ class TargetData:
         """Sequences `seqs` as right-padded rows of at most `window` tokens (a longer one keeps
         its last `window`): tokens, labels [B, W] int64 (-1: none), features [B, W - 1, n, D]
         bf16, topk ids / logp [B, W, K], and per row `start` (the first generated token's
-        index) and `length`."""
+        index), `length` and `cut` (tokens dropped from its start)."""
         parts = []
         for i in seqs:
             s, off, n, p = (int(x) for x in self.index[i])
@@ -473,6 +473,8 @@ class TargetData:
             "topk_logp": logp,
             "start": torch.tensor([p for _, _, _, p in parts]),
             "length": torch.tensor([n for _, _, n, _ in parts]),
+            # Tokens each row lost to the window: its features saw them, a target run on the row would not.
+            "cut": torch.tensor([off - int(self.index[i][1]) for i, (_, off, _, _) in zip(seqs, parts)]),
         }
 
     def eval_set(self, block_size: int, window: int, limit: int | None = None, anchors_per_row: int = 48) -> dict:
