@@ -27,15 +27,20 @@ class OracleDrafter(DFlashDrafter):
     positions: exercises long accepted prefixes, rejections at every block
     position and fully accepted blocks (bonus tokens)."""
 
-    def __init__(self, base: DFlashDrafter, sequences: torch.Tensor):
+    def __init__(self, base: DFlashDrafter, sequences: torch.Tensor, from_anchor: bool = False):
         super().__init__(base.config, use_ops=base.use_ops)
         self.load_state_dict(base.state_dict())
         self._shared = base._shared
         self.sequences = sequences  # [B, L]: prompt + greedy continuation, padded
+        self.from_anchor = from_anchor  # DeepSpec's layout: γ drafts per block, not γ - 1
+
+    @property
+    def num_drafts(self) -> int:
+        return self.block_size if self.from_anchor else self.block_size - 1
 
     def draft_logits(self, cache, anchor, ctx_lens):
-        g, V = self.block_size, self.config.vocab_size
-        pos = ctx_lens[:, None] + torch.arange(1, g)
+        V = self.config.vocab_size
+        pos = ctx_lens[:, None] + torch.arange(1, self.num_drafts + 1)
         truth = self.sequences.gather(1, pos.clamp(max=self.sequences.shape[1] - 1))
         wrong = (pos * 7 + torch.arange(len(pos))[:, None] * 3) % 11 == 0
         return F.one_hot(torch.where(wrong, (truth + 1) % V, truth), V).float() * 10
@@ -56,7 +61,10 @@ def test_greedy_equals_plain_tiny_random(k):
     )
 
 
-def test_greedy_equals_plain_high_acceptance_and_eos():
+@pytest.mark.parametrize("from_anchor", [False, True], ids=["dflash_slots", "sample_from_anchor"])
+def test_greedy_equals_plain_high_acceptance_and_eos(from_anchor):
+    """Long accepted prefixes and requests finishing apart (a finished request is written past its
+    end while others run: with γ drafts per block that once overran the output buffer)."""
     target = tiny_target(seed=2)
     base = tiny_drafter(target, block_size=6)
     prompts = prompts_of([5, 2, 9, 4, 13], 48, seed=1)
@@ -64,7 +72,7 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     seqs = torch.zeros(len(prompts), 13 + 40 + 8, dtype=torch.int64)
     for b, (p, w) in enumerate(zip(prompts, want)):
         seqs[b, : len(p) + 40] = torch.tensor(p + w)
-    drafter = OracleDrafter(base, seqs)
+    drafter = OracleDrafter(base, seqs, from_anchor)
     got, st = speculative_generate(target, drafter, prompts, max_new_tokens=40)
     assert got == want
     assert st["tau"] > 3.0 and st["acceptance_per_position"][0] > 0.8
@@ -88,6 +96,36 @@ def test_greedy_equals_plain_high_acceptance_and_eos():
     assert got_first[0] == [first] and st_first["steps_per_request"][0] == 0
     assert st_first["tau_per_request"][0] is None
     assert all(t is None or t >= 1.0 for t in st_first["tau_per_request"])
+
+
+class SplitOracle(OracleDrafter):
+    """Request 0's drafts are always right (every step emits K + 1 tokens), the others' first
+    draft always wrong (one token a step): request 0 finishes long before the rest."""
+
+    def draft_logits(self, cache, anchor, ctx_lens):
+        V = self.config.vocab_size
+        pos = ctx_lens[:, None] + torch.arange(1, self.num_drafts + 1)
+        truth = self.sequences.gather(1, pos.clamp(max=self.sequences.shape[1] - 1))
+        wrong = torch.zeros_like(truth, dtype=torch.bool)
+        wrong[1:, 0] = True
+        return F.one_hot(torch.where(wrong, (truth + 1) % V, truth), V).float() * 10
+
+
+@pytest.mark.parametrize("from_anchor", [False, True], ids=["dflash_slots", "sample_from_anchor"])
+def test_a_finished_request_stays_inside_the_output_buffer(from_anchor):
+    """A request that overruns max_new_tokens by K on its last step and then sits finished while
+    another request runs on: its row is still written each step, K + 1 columns past its end."""
+    target = tiny_target(seed=2)
+    base = tiny_drafter(target, block_size=6)
+    n = 6 if from_anchor else 5
+    max_new = 2 + 3 * (n + 1)  # request 0: 1 + 3 (n + 1) tokens after 3 steps, then one more full step
+    prompts = prompts_of([5, 4], 48, seed=1)
+    longer, _ = generate(target, prompts, max_new_tokens=max_new + 2 * n)  # right drafts past the end too
+    seqs = torch.zeros(2, 5 + max_new + 4 * n, dtype=torch.int64)
+    for b, (p, w) in enumerate(zip(prompts, longer)):
+        seqs[b, : len(p) + len(w)] = torch.tensor(p + w)
+    got, st = speculative_generate(target, SplitOracle(base, seqs, from_anchor), prompts, max_new_tokens=max_new)
+    assert got == [w[:max_new] for w in longer] and st["steps_per_request"] == [4, max_new - 1]
 
 
 class RaggedK(Scheduler):

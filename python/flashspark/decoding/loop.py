@@ -67,8 +67,11 @@ def speculative_generate(
     ar, rows_b = torch.arange(n + 1, device=device), torch.arange(B, device=device)
 
     # 1. Prefill the target, sample the first token, inject the prompt's features into the drafter cache.
-    tcache, dcache, lens, anchor = prefill(target, drafter, prompts, max_new_tokens + 2 * g, temp, seeds)
-    out_buf = torch.zeros(B, max_new_tokens + 2 * g, dtype=torch.int64, device=device)
+    # Room past the longest output: a finished request keeps being written up to K + 1 columns past
+    # its last token, and a live one's last step may overrun max_new_tokens by K: 2 (n + 1).
+    room = max_new_tokens + 2 * max(g, n + 1)
+    tcache, dcache, lens, anchor = prefill(target, drafter, prompts, room, temp, seeds)
+    out_buf = torch.zeros(B, room, dtype=torch.int64, device=device)
     out_buf[:, 0] = anchor
     n_out = torch.ones(B, dtype=torch.int64, device=device)
     active = (n_out < max_new_tokens) & (anchor != eos_id if eos_id is not None else True)

@@ -448,6 +448,11 @@ def write_model_card(path: Path, s: dict) -> None:
     )
     bc, ac = cal["before"]["calibration_split"], cal["after"]["calibration_split"]
     be, ae = cal["before"]["eval_split"], cal["after"]["eval_split"]
+    tv_line = (
+        "TV and c* = 1 − TV over the whole vocabulary, from a target forward of every batch (DeepSpec's)"
+        if a.get("exact_tv")
+        else f"TV and c* from the target's Top-{a['target_topk']} at every position (a lower bound of the TV)"
+    )
     data_line = data_description(s) or (
         f"{s['sequences']:,} target-generated sequences of {s['seq_len']} tokens"
         + (f" (reused from {a['data_from']})" if a["data_from"] else "")
@@ -479,11 +484,10 @@ the chance each draft survives verification, calibrated per position
 ```
 
 - Hardware: {s["hardware"]}; torch {s["torch"]}, {a["threads"]} threads.
-- Data: {data_line}; the target's
-  Top-{a["target_topk"]} distribution at every position.
+- Data: {data_line}; {tv_line}.
 - Backbone{backbone_line(a, "the Markov and confidence heads")}; {s["step"]:,} steps of
   {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss {a["ce_weight"]:g}·CE + {a["tv_weight"]:g}·TV +
-  {a["conf_weight"]:g}·BCE(c, 1 − TV), weighted exp(−k/{s["decay"]:g}), teacher forced.
+  {a["conf_weight"]:g}·BCE(c, 1 − TV), draft j weighted exp(−(j−1)/{s["decay"]:g}), teacher forced.
 - Training time {s["train_minutes"]:.1f} min; wall time {s["wall_minutes"]:.1f} min.
 
 ## Held-out acceptance and confidence (temperature 0)
