@@ -140,15 +140,20 @@ class DFlashConfig(DecoderConfig):
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in TARGET_ONLY_KEYS}
         Path(path).write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
 
-    @classmethod
-    def from_file(cls, path: str | Path):
-        """Config of this class from config.json, checking its model_type (subclasses inherit this)."""
+    @staticmethod
+    def read_json(path: str | Path) -> tuple[Path, dict]:
+        """(the config.json path, its keys) of a drafter directory or config file."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"drafter config {path} not found")
-        d = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
+
+    @classmethod
+    def from_file(cls, path: str | Path):
+        """Config of this class from config.json, checking its model_type (subclasses inherit this)."""
+        path, d = cls.read_json(path)
         want = cls.__dataclass_fields__["model_type"].default
         if d.get("model_type") != want:
             if want == "dflash":

@@ -121,12 +121,7 @@ class DSparkConfig(DFlashConfig):
     def from_file(cls, path: str | Path) -> "DSparkConfig":
         """A DeepSpec config.json (`architectures` Qwen3DSparkModel); the layout defaults to
         DeepSpec's (`sample_from_anchor` absent = true). Features our layers lack raise."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"drafter config {path} not found")
-        d = json.loads(path.read_text())
+        path, d = cls.read_json(path)
         if ARCHITECTURE not in (d.get("architectures") or []):
             raise ValueError(
                 f"{path} is not a DSpark drafter config in DeepSpec's format (architectures "
