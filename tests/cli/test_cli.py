@@ -169,7 +169,7 @@ _GENERATE = [
 ]
 # Options only speculative methods read.
 _SPEC = [
-    *((["--k", n], "--k") for n in ("0", "-1", "8", "100")),  # the shipped drafters' gamma is 8: K <= 7
+    *((["--k", n], "--k") for n in ("0", "-1", "9", "100")),  # the shipped drafters' gamma is 8: K <= 7 (8 for DSpark)
     (["--delay", "-1"], "--delay"),
     (["--scheduler", "confidence", "--delay", "-1"], "--delay"),
 ]
@@ -232,6 +232,8 @@ BAD_INVOCATIONS = [
         for argv, names, *marks in _GENERATE
     ),
     *(_case(_generate_argv(m, argv), names) for m in SPEC_METHODS for argv, names in _SPEC),
+    # γ - 1 drafts per block for DFlash and DFlash 2; DSpark drafts γ in DeepSpec's layout (K = 8 is valid there).
+    *(_case(_generate_argv(m, ["--k", "8"]), "--k") for m in SPEC_METHODS if m != "dspark"),
     *(
         _case(base + argv, names)
         for base in (["fit-proxy", "--drafter", "{tmp}/none"], ["fit-prior", "dspark", "--drafter-dir", "{tmp}/none"])

@@ -195,7 +195,7 @@ def test_records_carry_the_drafters_margins():
         d = load_method_drafter(name, target)
         _, st = speculative_generate(target, d, prompts, max_new_tokens=10, record=True)
         rec = st["records"]
-        assert rec["top2_margin"].shape == (st["steps"], d.block_size - 1)
+        assert rec["top2_margin"].shape == (st["steps"], d.num_drafts)
         assert bool((rec["top2_margin"] >= 0).all())
         assert rec["step"].shape == (st["steps"],) and bool((rec["step"].diff() >= 0).all())
         assert (rec["signals"] is None) == (name == "dspark") and (rec["confidence"] is None) == (name == "dflash2")
