@@ -384,13 +384,11 @@ class ConfidenceScheduler(Scheduler):
         # Confidences `age` steps old; before there are any, the mean of earlier batches (the prior),
         # else none (verify every draft): never the current block's.
         old = self._history[0] if len(self._history) > self.age else self._stale_fallback(survival.shape)
+        decide = conditional(self.stats.correct(old))
         if self.admission == "stop":
-            k_b = schedule_tokens(conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len)
+            k_b = schedule_tokens(decide, active, self.sps, self.max_spec_len)
         else:
-            planned = schedule_tokens(
-                conditional(self.stats.correct(old)), active, self.sps, self.max_spec_len, admit="best"
-            )
-            budget = int(planned.sum())
+            budget = int(schedule_tokens(decide, active, self.sps, self.max_spec_len, admit="best").sum())
             k_b = schedule_tokens(
                 conditional(self.stats.correct(survival)), active, self.sps, self.max_spec_len, admit=budget
             )

@@ -382,23 +382,19 @@ def train(a: DSparkTrainArgs) -> dict:
     coefs = (a.ce_weight, a.tv_weight, a.conf_weight)
 
     def loss_fn(d, b):
+        full = exact_rows = ids = logp = None
         if a.exact_tv:
             full = target_next_logp(target, b["tokens"], b["anchors"], span)
             cut = b.get("cut")
-            if cut is not None and bool((cut > 0).any()):
-                # Rows cut to --window: the target would see less context than the data's; the stored bound.
+            # Rows cut to --window: the target saw less context than the data's; they take the stored bound.
+            exact_rows = cut == 0 if cut is not None and bool((cut > 0).any()) else None
+        if full is None or exact_rows is not None:
+            if p_ids is None:  # the Top-K stored with the data
                 ids, logp = b["topk_ids"][..., : a.target_topk], b["topk_logp"][..., : a.target_topk]
-                return dspark_loss(
-                    d, b["features"], b["tokens"], b["labels"], b["anchors"], ids, logp, weights, coefs, full, cut == 0
-                )
-            return dspark_loss(
-                d, b["features"], b["tokens"], b["labels"], b["anchors"], None, None, weights, coefs, full
-            )
-        if p_ids is None:
-            ids, logp = b["topk_ids"][..., : a.target_topk], b["topk_logp"][..., : a.target_topk]
-        else:
-            ids, logp = p_ids[b["idx"]], p_logp[b["idx"]]
-        return dspark_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], ids, logp, weights, coefs)
+            else:
+                ids, logp = p_ids[b["idx"]], p_logp[b["idx"]]
+        feats, tokens, labels, anchors = b["features"], b["tokens"], b["labels"], b["anchors"]
+        return dspark_loss(d, feats, tokens, labels, anchors, ids, logp, weights, coefs, full, exact_rows)
 
     def eval_fn(d):
         return evaluate_dspark(d, ev, a.prompt_tokens)
