@@ -1,11 +1,11 @@
 """What DFlash 2's convs and path selector add to a drafting pass, measured in isolation.
 
-One drafting pass (`drafter.propose`, temperature 0, backtrack path) of the shipped
+One drafting pass (`drafter.propose`, temperature 0, greedy path: the default) of the shipped
 drafters over a context of --context injected positions, per batch size, four variants
 timed in interleaved rounds on the same cache:
 
-  dflash2     the shipped DFlash 2 drafter: backbone + eight two-tap convs + Top-16 lattice,
-              W_h and path selection
+  dflash2     the shipped DFlash 2 drafter: backbone + eight two-tap convs (four conv pairs,
+              one tap projection each) + Top-16 lattice, W_h and path selection
   no-convs    the same, every conv replaced by the identity (what the selector costs)
   backbone    the same weights, convs as the identity, and DFlash's draft (its head, argmax
               at temperature 0): the pass DFlash 2 is built on
@@ -27,28 +27,22 @@ import statistics
 
 import torch
 from flashspark.methods import load_method_drafter
-from flashspark.models import dflash2 as dflash2_model
-from flashspark.models.decoder import RMSNorm
 from flashspark.models.dflash import DFlashDrafter
+from flashspark.models.dflash2 import DFlash2Drafter
 from flashspark.models.io import load_model
 from timing import median_time, write_result
 
 
-def identity_conv(self, x, residual=None, norm=None):
-    """A TwoTapConv that is the identity: what DFlash's layers compute around it (the norm
-    as an RMSNorm module, the residual add as its own op)."""
-    x = x if norm is None else RMSNorm.forward(norm, x)
-    return x if residual is None else residual + x
-
-
 @contextlib.contextmanager
 def convs_as_identity():
-    forward = dflash2_model.TwoTapConv.forward
-    dflash2_model.TwoTapConv.forward = identity_conv
+    """DFlash 2's layers without their convs: DFlash's layer (the norms as RMSNorm modules,
+    the residual adds as their own ops)."""
+    layer_forward = DFlash2Drafter.layer_forward
+    DFlash2Drafter.layer_forward = DFlashDrafter.layer_forward
     try:
         yield
     finally:
-        dflash2_model.TwoTapConv.forward = forward
+        DFlash2Drafter.layer_forward = layer_forward
 
 
 def primed_cache(drafter, batch: int, context: int, seed: int):

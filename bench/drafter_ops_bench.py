@@ -6,6 +6,8 @@
   two_tap_conv               vs  the reference (PyTorch ops)
   two_tap_conv + delta_weight vs  the taps' projection as a linear, then the op
   two_tap_conv + norm_weight  vs  RMSNorm in torch ops, then the op (both with delta_weight)
+  two_tap_conv + finish taps  vs  the op on 2G rows, then the finish conv's taps as a linear
+                                 of RMSNorm(x) (a 4G-row delta_weight writing finish_delta)
   topk_select                vs  torch.topk + torch.logsumexp
   path_select                vs  the reference
   path_select + g_weight     vs  W_h as a linear, then the op
@@ -233,6 +235,46 @@ def bench_conv_prepared(rows, channels, dtype, device, repeats):
     )
 
 
+def bench_conv_prepared_finish(rows, channels, dtype, device, repeats):
+    """z-lab's DFlash 2 sublayer start: the prepare conv with its norm, projecting the finish
+    conv's taps too (a 4G-row delta_weight into finish_delta) vs the op on the first 2G rows
+    and the finish taps as their own linear of RMSNorm(x)."""
+    g = torch.Generator().manual_seed(6)
+    groups = (channels + 15) // 16
+    x = torch.randn(rows, channels, generator=g).to(dtype).to(device)
+    base = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    w = (0.05 * torch.randn(4 * groups, channels, generator=g)).to(dtype).to(device)
+    nw = (1 + 0.1 * torch.randn(channels, generator=g)).to(dtype).to(device)
+    finish = torch.empty(rows, 2, groups, dtype=dtype, device=device)
+    conv = flashspark.ops.two_tap_conv
+    w_prep, w_fin = w[: 2 * groups], w[2 * groups :]
+
+    def unfused():
+        conv(x, base, None, 8, delta_weight=w_prep, norm_weight=nw)
+        return F.linear(rms_norm(x, nw, 1e-6), w_fin)
+
+    t_op = median_time(
+        lambda: conv(x, base, None, 8, delta_weight=w, norm_weight=nw, finish_delta=finish), repeats, device
+    )
+    t_unf = median_time(unfused, repeats, device)
+    t_ref = median_time(
+        lambda: two_tap_conv_reference(x, base, None, 8, delta_weight=w, norm_weight=nw, finish_delta=finish),
+        repeats,
+        device,
+    )
+    elem = x.element_size()
+    return _row(
+        "two_tap_conv+norm+proj4G",
+        f"N{rows} C{channels}",
+        dtype,
+        t_op,
+        t_unf,
+        "two_tap_conv+rms_norm+linear",
+        t_ref,
+        elem * (2 * rows * channels + (4 * groups + 3) * channels + 2 * groups * rows),
+    )
+
+
 def bench_topk(rows, vocab, dtype, device, repeats):
     logits = torch.randn(rows, vocab, device=device).to(dtype)
     t_op = median_time(lambda: flashspark.ops.topk_select(logits, 16), repeats, device)
@@ -418,6 +460,8 @@ def main(argv=None):
             rows.append(bench_conv_fused(rows_, channels, dtype, device, repeats))
             print_row(rows[-1])
             rows.append(bench_conv_prepared(rows_, channels, dtype, device, repeats))
+            print_row(rows[-1])
+            rows.append(bench_conv_prepared_finish(rows_, channels, dtype, device, repeats))
             print_row(rows[-1])
         for nrows, vocab in [(8, 4096), (64, 151936)] + ([] if args.quick else [(512, 151936)]):
             rows.append(bench_topk(nrows, vocab, dtype, device, repeats))

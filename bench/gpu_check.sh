@@ -7,9 +7,14 @@
 # sanitizer_bad_input.log; sanitizer_<tool>_<suite>.log for the CUDA-vs-CPU
 # comparison drivers of tests/cuda_on_cpu built with nvcc; kernel_bench_cuda.txt;
 # verify_roofline.{md,json}; verify_vs_flashinfer.json; verify_bench_cuda.json;
-# drafter_ops_bench_cuda.json).
-# Downloads nothing. Budget: under 8 minutes.
-#   bash bench/gpu_check.sh DIR
+# drafter_ops_bench_cuda.json; parity_cuda.log: z-lab's reference DFlash / DFlash 2 on the
+# GPU against our ops on the GPU, tests/models/test_zlab_parity.py).
+# Downloads nothing. The parity case needs the test oracles (transformers 5.23.0, dflash 0.1.0):
+# where the machine lacks them, WHEELS=DIR names a directory of wheels to install them from,
+# without dependencies (made elsewhere with `pip download --no-deps -d DIR transformers==5.23.0
+# dflash==0.1.0 regex==2026.11.15 huggingface-hub tokenizers safetensors`).
+# Budget: under 8 minutes.
+#   [WHEELS=DIR] bash bench/gpu_check.sh DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=$(mkdir -p "${1:-bench/results/gpu}" && cd "${1:-bench/results/gpu}" && pwd)
@@ -30,6 +35,16 @@ log "build_ext exit $?"
 ( cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   && cmake --build build/cmake -j "$MAX_JOBS" && ctest --test-dir build/cmake ) >> "$OUT_DIR/build.log" 2>&1
 log "cmake build + ctest exit $?"
+
+if [ -n "${WHEELS:-}" ]; then
+  $PY -m pip install --quiet --no-index --no-deps --find-links "$WHEELS" transformers==5.23.0 dflash==0.1.0 \
+    regex huggingface-hub tokenizers safetensors >> "$OUT_DIR/build.log" 2>&1
+  log "test oracles from $WHEELS: pip exit $?"
+fi
+
+log "parity with z-lab's reference on CUDA (its drafter on the GPU against our ops on the GPU)"
+timeout 120 $PY -m pytest -q tests/models/test_zlab_parity.py -k cuda -p no:cacheprovider -rs > "$OUT_DIR/parity_cuda.log" 2>&1
+log "parity exit $? ($(tail -1 "$OUT_DIR/parity_cuda.log"))"
 
 log "CUDA tests (every op test parametrized on cuda)"
 timeout 200 $PY -m pytest -q tests -k cuda -p no:cacheprovider > "$OUT_DIR/pytest_cuda.log" 2>&1

@@ -69,11 +69,13 @@ def tiny_dflash2(target, block_size=5, topk=6, seed=1, scale=5.0) -> DFlash2Draf
         mask_token_id=1,
         num_features=2,
         selector_rank=8,
-        selector_topk=topk,
+        selector_top_k=topk,
     )
     d = DFlash2Drafter(cfg, target)
     d.init_weights(seed)
-    return _perturb(d, seed, scale, lambda n: 0.3 if ".conv." in n else 1.0 if n.startswith("selector.") else None)
+    return _perturb(
+        d, seed, scale, lambda n: 0.3 if "_conv." in n else 1.0 if n.startswith("candidate_selector.") else None
+    )
 
 
 def tiny_dspark(target, block_size=5, seed=1, scale=5.0, from_anchor=True) -> DSparkDrafter:
@@ -115,13 +117,15 @@ def exact_joint(target, prompt, n, temperature):
     return logp.gather(2, seqs[..., None]).sum((1, 2)).exp()
 
 
-def spec_joint(target, drafter, prompt, n, temperature, samples, seed=0, **loop_kw):
-    """Counts [V^n] of `samples` speculative continuations of `prompt`."""
+def spec_joint(target, drafter, prompt, n, temperature, samples, seed=0, decode=None, **loop_kw):
+    """Counts [V^n] of the first n tokens of `samples` speculative continuations of `prompt`,
+    `decode` tokens long (default n: a longer decode keeps its first steps' blocks whole, where
+    the loop shortens the last blocks to the tokens still wanted)."""
     out, _ = speculative_generate(
-        target, drafter, [prompt] * samples, max_new_tokens=n, temperature=temperature, seed=seed, **loop_kw
+        target, drafter, [prompt] * samples, max_new_tokens=decode or n, temperature=temperature, seed=seed, **loop_kw
     )
     V = target.config.vocab_size
-    idx = torch.tensor(out) @ (V ** torch.arange(n - 1, -1, -1))
+    idx = torch.tensor([o[:n] for o in out]) @ (V ** torch.arange(n - 1, -1, -1))
     return torch.bincount(idx, minlength=V**n).double()
 
 

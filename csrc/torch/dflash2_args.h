@@ -10,9 +10,9 @@
 namespace flashspark::binding {
 
 struct TwoTapArgs {
-  at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws, norm_weight, row_scale_ws;
-  NamedTensors all;  // every argument as given, for the status output's overlap check
-  int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0;
+  at::Tensor x, base, delta, residual, cu_blocks, delta_weight, delta_ws, norm_weight, row_scale_ws, finish_delta;
+  NamedTensors all;  // every argument as given, for the outputs' overlap checks
+  int64_t rows = 0, channels = 0, block_size = 0, num_blocks = 0, group_size = 0, groups = 0;
   double norm_eps = 0.0;
 };
 
@@ -21,7 +21,8 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
                                      const std::optional<at::Tensor>& cu_blocks,
                                      const std::optional<at::Tensor>& residual,
                                      const std::optional<at::Tensor>& delta_weight,
-                                     const std::optional<at::Tensor>& norm_weight, double norm_eps) {
+                                     const std::optional<at::Tensor>& norm_weight, double norm_eps, int64_t group_size,
+                                     const std::optional<at::Tensor>& finish_delta) {
   constexpr const char* op = "two_tap_conv";
   TwoTapArgs a;
   a.all = {{x, "x"}, {base, "base"}};
@@ -38,7 +39,9 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   check_fits_int32(a.channels, op, "x", "C");
   a.x = inner_contiguous(x).reshape({-1, a.channels});
   a.rows = a.x.size(0);
-  const int64_t groups = ceil_div(a.channels, kConvGroup);
+  check_int_range(group_size, 1, kInt32Max, op, "group_size");
+  a.group_size = group_size;
+  const int64_t groups = a.groups = ceil_div(a.channels, group_size);
   check_device(base, x, op, "base");
   check_dtype(base, x.scalar_type(), op, "base");
   TORCH_CHECK(base.dim() == 2 && base.size(0) == 2 && base.size(1) == a.channels, "flashspark.two_tap_conv: argument ",
@@ -57,10 +60,33 @@ inline TwoTapArgs check_two_tap_args(const at::Tensor& x, const at::Tensor& base
   } else {
     check_device(*delta_weight, x, op, "delta_weight");
     check_dtype(*delta_weight, x.scalar_type(), op, "delta_weight");
-    TORCH_CHECK(delta_weight->dim() == 2 && delta_weight->size(0) == 2 * groups && delta_weight->size(1) == a.channels,
+    TORCH_CHECK(delta_weight->dim() == 2 &&
+                    (delta_weight->size(0) == 2 * groups || delta_weight->size(0) == 4 * groups) &&
+                    delta_weight->size(1) == a.channels,
                 "flashspark.two_tap_conv: argument 'delta_weight' must have shape [", 2 * groups, ", ", a.channels,
-                "] (2 taps x ", groups, " groups of 16 channels, by channels), got ", delta_weight->sizes());
+                "] (2 taps x ", groups, " groups of ", group_size, " channels, by channels), or [", 4 * groups, ", ",
+                a.channels, "] with the finish conv's taps after them (written to 'finish_delta'), got ",
+                delta_weight->sizes());
     a.delta_weight = delta_weight->contiguous();
+  }
+  // The finish conv's taps: an output exactly when delta_weight projects them.
+  const bool finish = a.delta_weight.defined() && a.delta_weight.size(0) == 4 * groups;
+  TORCH_CHECK(finish_delta.has_value() == finish, "flashspark.two_tap_conv: argument 'finish_delta' ",
+              finish
+                  ? "is required with a 'delta_weight' of 4G rows (it receives the finish conv's taps, rows [2G, 4G))"
+                  : "is written only with a 'delta_weight' of 4G rows (the finish conv's taps); pass None");
+  if (finish) {
+    const at::Tensor& f = *finish_delta;
+    check_device(f, x, op, "finish_delta");
+    check_dtype(f, x.scalar_type(), op, "finish_delta");
+    TORCH_CHECK(f.dim() >= 2 && f.numel() == a.rows * 2 * groups && f.size(-1) == groups && f.size(-2) == 2,
+                "flashspark.two_tap_conv: argument 'finish_delta' must have shape [..., 2, ", groups,
+                "] with one row per row of x (", a.rows, "), got ", f.sizes());
+    TORCH_CHECK(f.is_contiguous(), "flashspark.two_tap_conv: argument 'finish_delta' is written in place and must be ",
+                "contiguous, got strides ", f.strides());
+    check_writable(f, "finish_delta", a.all, op);
+    a.finish_delta = f;
+    a.all.push_back({f, "finish_delta"});  // the status output must not overlap it either
   }
   if (residual.has_value()) {
     check_device(*residual, x, op, "residual");
@@ -107,6 +133,7 @@ TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out, int32_
   } else {
     p.delta_weight = reinterpret_cast<const T*>(a.delta_weight.const_data_ptr());
     if (a.delta_ws.defined()) p.delta_ws = a.delta_ws.mutable_data_ptr<float>();  // CUDA: the taps between kernels
+    if (a.finish_delta.defined()) p.finish_delta = reinterpret_cast<T*>(a.finish_delta.mutable_data_ptr());
   }
   if (a.residual.defined()) {
     p.residual = reinterpret_cast<const T*>(a.residual.const_data_ptr());
@@ -121,6 +148,7 @@ TwoTapParams<T> make_two_tap_params(const TwoTapArgs& a, at::Tensor& out, int32_
   if (a.cu_blocks.defined()) p.cu_blocks = a.cu_blocks.const_data_ptr<int32_t>();
   p.num_blocks = int32_t(a.num_blocks);
   p.block_size = int32_t(a.block_size);
+  p.group_size = int32_t(a.group_size);
   p.rows = a.rows;
   p.channels = int32_t(a.channels);
   return p;

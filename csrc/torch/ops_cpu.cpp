@@ -79,11 +79,11 @@ void inject_context_kv_cpu(const at::Tensor& k, const at::Tensor& v, const at::T
 at::Tensor two_tap_conv_cpu(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                             int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
                             const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
-                            const std::optional<at::Tensor>& norm_weight, double norm_eps,
-                            const std::optional<at::Tensor>& status) {
+                            const std::optional<at::Tensor>& norm_weight, double norm_eps, int64_t group_size,
+                            const std::optional<at::Tensor>& finish_delta, const std::optional<at::Tensor>& status) {
   constexpr const char* op = "two_tap_conv";
-  const TwoTapArgs a =
-      check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
+  const TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight,
+                                          norm_eps, group_size, finish_delta);
   const CpuStatus st(status_ptr(status, 1, x, a.all, op), 1);
   at::Tensor out = at::empty(x.sizes(), x.options());
   dispatch_float(x.scalar_type(), [&]<class T>() {

@@ -76,11 +76,11 @@ void inject_context_kv_cuda(const at::Tensor& k, const at::Tensor& v, const at::
 at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const std::optional<at::Tensor>& delta,
                              int64_t block_size, const std::optional<at::Tensor>& cu_blocks,
                              const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& delta_weight,
-                             const std::optional<at::Tensor>& norm_weight, double norm_eps,
-                             const std::optional<at::Tensor>& status) {
+                             const std::optional<at::Tensor>& norm_weight, double norm_eps, int64_t group_size,
+                             const std::optional<at::Tensor>& finish_delta, const std::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(x.device());
-  TwoTapArgs a =
-      check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps);
+  TwoTapArgs a = check_two_tap_args(x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight,
+                                    norm_eps, group_size, finish_delta);
   int32_t* st = status_ptr(status, 1, x, a.all, "two_tap_conv");
   // The conv kernel reads the offsets' check from a status entry: the caller's, or ours.
   at::Tensor own_status;
@@ -88,8 +88,9 @@ at::Tensor two_tap_conv_cuda(const at::Tensor& x, const at::Tensor& base, const 
     own_status = at::empty({1}, x.options().dtype(at::kInt));
     st = own_status.mutable_data_ptr<int32_t>();
   }
-  // The taps computed from delta_weight [2G, C], one fp32 row per row of x, between the two kernels.
-  if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, a.delta_weight.size(0)}, x.options().dtype(at::kFloat));
+  // The conv's taps computed from delta_weight, one fp32 row [2G] per row of x, between the two kernels (the
+  // finish conv's taps of a 4G-row weight go straight to finish_delta).
+  if (a.delta_weight.defined()) a.delta_ws = at::empty({a.rows, 2 * a.groups}, x.options().dtype(at::kFloat));
   // The fused RMSNorm's scale of each row, computed first.
   if (a.norm_weight.defined()) a.row_scale_ws = at::empty({a.rows}, x.options().dtype(at::kFloat));
   at::Tensor out = at::empty(x.sizes(), x.options());

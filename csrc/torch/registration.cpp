@@ -39,8 +39,8 @@ TORCH_LIBRARY(flashspark, m) {
       "Tensor cos_sin_cache, float eps, Tensor(a!) k_cache, Tensor(b!) v_cache, *, Tensor(c!)? status=None) -> ()");
   m.def(
       "two_tap_conv(Tensor x, Tensor base, Tensor? delta, int block_size, Tensor? cu_blocks, Tensor? residual, "
-      "Tensor? delta_weight=None, Tensor? norm_weight=None, float norm_eps=1e-6, *, Tensor(a!)? status=None) "
-      "-> Tensor");
+      "Tensor? delta_weight=None, Tensor? norm_weight=None, float norm_eps=1e-6, int group_size=16, "
+      "Tensor(a!)? finish_delta=None, *, Tensor(b!)? status=None) -> Tensor");
   m.def("topk_select(Tensor logits, int k) -> (Tensor, Tensor, Tensor)");
   m.def(
       "path_select(Tensor cand_ids, Tensor unary, Tensor a_emb, Tensor b_emb, Tensor? g, Tensor anchor, str path_mode, "

@@ -30,9 +30,11 @@ from . import data
 from .decoding.loop import PATH_MODES, speculative_generate
 from .decoding.plain import generate
 from .models import catalog
-from .models.dflash import load_dflash
+from .models.dflash import DFlashConfig, load_dflash
 from .models.dflash2 import load_dflash2
+from .models.dspark import ARCHITECTURE as DSPARK_ARCHITECTURE
 from .models.dspark import load_dspark
+from .models.io import has_weights
 from .scheduling.confidence import ADMISSIONS, ConfidenceScheduler, ConfidenceStats, conditional
 from .scheduling.costs import SPSTable, forward_seconds, profile_sps
 from .scheduling.fixed import FixedK
@@ -41,6 +43,22 @@ from .scheduling.proxy import ConfidenceProxy
 # The drafter registry: a new drafter is its model file plus one line here.
 LOADERS = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}
 DRAFTERS = tuple(LOADERS)
+# The class config.json's `architectures` names, in each method's published format.
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2", DSPARK_ARCHITECTURE: "dspark"}
+
+
+def method_of_drafter(path: str | Path) -> str:
+    """The method of a drafter directory, read from its config.json's `architectures`."""
+    config, d = DFlashConfig.read_json(path)
+    names = d.get("architectures") or []
+    for name in names:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    raise ValueError(
+        f"{config}: architectures {names!r} names no drafter flashspark runs (known: {', '.join(ARCHITECTURES)})"
+    )
+
+
 SCHEDULERS = ("fixed", "confidence")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
 PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confidence stats per temperature
@@ -57,7 +75,7 @@ class MethodSpec:
     drafter: str
     k: int | None = None  # fixed K (default γ - 1), or the confidence scheduler's bound
     scheduler: str = "fixed"
-    path: str = "auto"  # DFlash 2 path mode (auto: backtrack at T = 0, sample at T > 0)
+    path: str = "auto"  # DFlash 2 path mode (auto: greedy at T = 0, the reference's; sample at T > 0)
     delay: int = 0  # confidence scheduler: use confidences this many steps old
     online: bool = True  # confidence proxy: update from each step's outcomes
     plain_steps: bool = True  # confidence scheduler: run plain decode steps when drafting would not pay
@@ -119,7 +137,7 @@ def drafter_dir_of(name: str, path: str | Path | None = None, target=None) -> Pa
 def load_method_drafter(name: str, target, path: str | Path | None = None, use_ops: bool = True):
     """The drafter of a method for `target`, from `drafter_dir_of(name, path, target)`."""
     path = drafter_dir_of(name, path, target)
-    if not (path / "model.safetensors").is_file():
+    if not has_weights(path):
         known = catalog.target_of(target)
         whose = f" for {known.name}" if known else ""
         raise FileNotFoundError(

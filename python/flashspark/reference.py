@@ -6,6 +6,8 @@ from .ops.common import FLOAT_MAX, GREEDY_TEMPERATURE, drafter_logits, log_softm
 from .ops.dflash import block_diffusion_attention_reference, inject_context_kv_reference, rope_cos_sin_cache
 from .ops.dflash2 import (
     CONV_GROUP,
+    conv_groups,
+    grouped_taps,
     path_pair_scores_reference,
     path_select_reference,
     topk_select_reference,
@@ -35,6 +37,8 @@ __all__ = [
     "inject_context_kv_reference",
     "rope_cos_sin_cache",
     "CONV_GROUP",
+    "conv_groups",
+    "grouped_taps",
     "path_pair_scores_reference",
     "path_select_reference",
     "topk_select_reference",

@@ -105,7 +105,7 @@ def test_parser_layout():
     """Methods and trainers hang off subcommands so more can be added."""
     p = build_parser()
     a = p.parse_args(["generate", "--prompt", "x"])
-    assert a.method == "ar" and a.temperature == 0.0
+    assert a.method is None and a.temperature == 0.0  # plain decoding, or the --drafter's method
     a = p.parse_args(["train", "target", "--minutes", "1"])
     assert a.what == "target" and a.minutes == 1.0
     with pytest.raises(SystemExit):
@@ -356,3 +356,14 @@ def test_train_defaults_follow_the_target(tmp_path):
         generate_data(DataArgs(target=str(tmp_path)))  # the library call, without the CLI's defaults
     with pytest.raises(ValueError, match="--export must be given"):
         train_args(parser.parse_args(["train", "dflash", "--target", str(tmp_path)]))
+
+
+def test_method_comes_from_the_drafters_architectures(tmp_path):
+    """`generate --drafter DIR` without --method runs the drafter's method (config.json's architectures)."""
+    from flashspark.methods import method_of_drafter
+
+    for method in ("dflash", "dflash2", "dspark"):
+        assert method_of_drafter(data.ASSETS_DIR / method) == method
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+    with pytest.raises(ValueError, match="names no drafter"):
+        method_of_drafter(tmp_path)

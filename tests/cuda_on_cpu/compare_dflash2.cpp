@@ -1,9 +1,11 @@
 // launch_two_tap_conv, launch_topk_select and launch_path_select on cuda_on_cpu against
 // two_tap_conv_cpu, topk_select_cpu and path_select_cpu, fp32 / bf16 / fp16:
-//   * two_tap_conv: given taps or delta_weight, with and without norm_weight and residual (all
-//     eight combinations), fixed block_size or ragged cu_blocks (blocks of 0 and 1 rows), channel
-//     counts that are not multiples of 4 or of the 16-channel group, strided and misaligned x and
-//     residual rows, no rows at all, and bad cu_blocks (NaN output, status);
+//   * two_tap_conv: given taps or delta_weight (2G rows, or 4G with the finish conv's taps written
+//     to finish_delta), with and without norm_weight and residual (every combination), fixed
+//     block_size or ragged cu_blocks (blocks of 0 and 1 rows), group sizes 16, 1, 3, 8, 17, 32, C
+//     and more than C, channel counts that are not multiples of 4 or of the group, strided and
+//     misaligned x and residual rows, no rows at all, and bad cu_blocks (NaN output and
+//     finish_delta, status);
 //   * topk_select: V = 1, 7, 37, 1001, 2053 (and one past the CPU's 32K-entry chunk), k = 1, 5 and
 //     16 (kMaxTopK, the largest k the params hold) and k = V for a small V, rows of ties, NaN,
 //     +inf, all -inf and all NaN, strided and misaligned rows;
@@ -52,16 +54,21 @@ struct ConvCase {
   int32_t block_size;           // used when `blocks` is empty
   std::vector<int32_t> blocks;  // ragged block lengths (cu_blocks), or empty
   int32_t x_pad = 0, res_pad = 0, x_offset = 0;
+  int32_t group_size = kConvGroup;
 };
+
+// Which operands a conv call takes: bits of `flags`.
+constexpr int kConvWeight = 1, kConvNorm = 2, kConvResidual = 4, kConvFinish = 8;  // finish: a 4G-row delta_weight
 
 enum class BadBlocks { kNone, kFirst, kLast, kDecreasing };
 
 template <class T>
-void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_residual, BadBlocks bad,
-              uint64_t seed) {
+void run_conv(const ConvCase& c, int flags, BadBlocks bad, uint64_t seed) {
+  const bool use_delta_weight = flags & kConvWeight, use_norm = flags & kConvNorm, use_residual = flags & kConvResidual,
+             use_finish = use_delta_weight && (flags & kConvFinish);
   std::mt19937_64 rng(seed);
   const int64_t N = c.rows;
-  const int32_t C = c.channels, G = int32_t(ceil_div(C, kConvGroup)), J = 2 * G;
+  const int32_t C = c.channels, G = int32_t(ceil_div(C, c.group_size)), J = 2 * G, JP = use_finish ? 2 * J : J;
   const int64_t x_stride = C + c.x_pad, res_stride = C + c.res_pad;
   const bool ragged = !c.blocks.empty();
   std::vector<int32_t> cu;
@@ -86,7 +93,7 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
   const std::vector<T> x = coc_test::random_values<T>(span(N, x_stride, C, c.x_offset), rng);
   const std::vector<T> base = coc_test::random_values<T>(size_t(2) * C, rng, 0.5f);
   const std::vector<T> delta = coc_test::random_values<T>(size_t(N) * J, rng, 0.3f);
-  const std::vector<T> delta_weight = coc_test::random_values<T>(size_t(J) * C, rng, 0.5f / std::sqrt(float(C)));
+  const std::vector<T> delta_weight = coc_test::random_values<T>(size_t(JP) * C, rng, 0.5f / std::sqrt(float(C)));
   const std::vector<T> residual = coc_test::random_values<T>(span(N, res_stride, C, 0), rng);
   std::vector<T> norm_weight(C);
   std::normal_distribution<float> nd(1.f, 0.2f);
@@ -94,7 +101,7 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
   // The CUDA launcher needs a status entry with cu_blocks; without, status is given now and then.
   const bool with_status = ragged || use_residual;
 
-  auto params = [&](const T* xp, const T* bp, const T* dp, const T* wp, float* dws, const T* rp, const T* np,
+  auto params = [&](const T* xp, const T* bp, const T* dp, const T* wp, float* dws, T* fdp, const T* rp, const T* np,
                     float* sws, T* out, const int32_t* cup, int32_t* st) {
     TwoTapParams<T> p;
     p.x = xp + c.x_offset;
@@ -103,6 +110,7 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
     if (use_delta_weight) {
       p.delta_weight = wp;
       p.delta_ws = dws;
+      if (use_finish) p.finish_delta = fdp;
     } else {
       p.delta = dp;
     }
@@ -119,6 +127,7 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
     p.cu_blocks = ragged ? cup : nullptr;
     p.num_blocks = num_blocks;
     p.block_size = c.block_size;
+    p.group_size = c.group_size;
     p.rows = N;
     p.channels = C;
     p.status = with_status ? st : nullptr;
@@ -126,10 +135,10 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
   };
 
   // CPU reference: its taps and row scales stay inside the kernel (no workspaces, as the binding).
-  std::vector<T> out_cpu(size_t(N) * C);
+  std::vector<T> out_cpu(size_t(N) * C), finish_cpu(use_finish ? size_t(N) * J : 0);
   std::vector<int32_t> st_cpu(1, -7);
-  cpu::two_tap_conv_cpu(params(x.data(), base.data(), delta.data(), delta_weight.data(), nullptr, residual.data(),
-                               norm_weight.data(), nullptr, out_cpu.data(), cu.data(), st_cpu.data()),
+  cpu::two_tap_conv_cpu(params(x.data(), base.data(), delta.data(), delta_weight.data(), nullptr, finish_cpu.data(),
+                               residual.data(), norm_weight.data(), nullptr, out_cpu.data(), cu.data(), st_cpu.data()),
                         coc_test::SerialFor{});
   if (bad != BadBlocks::kNone) COC_EXPECT(st_cpu[0] == int32_t(Status::kBadCuBlocks), "cu_blocks not rejected");
 
@@ -138,16 +147,18 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
   for (const auto& sched : coc_test::schedules()) {
     cuda_on_cpu::set_schedule(sched);
     coc_test::g_case = std::string("two_tap_conv ") + coc_test::dtype_name<T>() + " N=" + std::to_string(N) +
-                       " C=" + std::to_string(C) + (ragged ? " ragged" : " bs=" + std::to_string(c.block_size)) +
-                       (use_delta_weight ? " +delta_weight" : "") + (use_norm ? " +norm" : "") +
-                       (use_residual ? " +residual" : "") + " bad=" + std::to_string(int(bad)) + " seed " +
-                       std::to_string(seed) + " " + sched_name(sched);
-    // The binding's workspaces: the taps [N, 2G] with delta_weight, the row scales [N] with a norm weight.
+                       " C=" + std::to_string(C) + " S=" + std::to_string(c.group_size) +
+                       (ragged ? " ragged" : " bs=" + std::to_string(c.block_size)) +
+                       (use_delta_weight ? " +delta_weight" : "") + (use_finish ? " +finish" : "") +
+                       (use_norm ? " +norm" : "") + (use_residual ? " +residual" : "") +
+                       " bad=" + std::to_string(int(bad)) + " seed " + std::to_string(seed) + " " + sched_name(sched);
+    // The binding's workspaces: the taps [N, 2G] with delta_weight (the finish conv's go to finish_delta),
+    // the row scales [N] with a norm weight.
     DeviceArray<float> d_delta_ws{use_delta_weight ? size_t(N) * J : 0}, d_scale_ws{use_norm ? size_t(N) : 0};
-    DeviceArray<T> d_out{out_cpu.size()};
+    DeviceArray<T> d_out{out_cpu.size()}, d_finish{finish_cpu.size()};
     DeviceArray<int32_t> d_st{1};
-    const TwoTapParams<T> p = params(d_x.ptr, d_base.ptr, d_delta.ptr, d_w.ptr, d_delta_ws.ptr, d_res.ptr, d_norm.ptr,
-                                     d_scale_ws.ptr, d_out.ptr, d_cu.ptr, d_st.ptr);
+    const TwoTapParams<T> p = params(d_x.ptr, d_base.ptr, d_delta.ptr, d_w.ptr, d_delta_ws.ptr, d_finish.ptr, d_res.ptr,
+                                     d_norm.ptr, d_scale_ws.ptr, d_out.ptr, d_cu.ptr, d_st.ptr);
     coc_test::expect_clean_launch([&] { return flashspark::cuda::launch_two_tap_conv<T>(p, nullptr); });
     // Both sides evaluate the same fp32 expression per output; what differs is the order of two
     // C-term sums (the taps' projection and the RMS sum of squares: 32 strided lanes and a
@@ -155,6 +166,10 @@ void run_conv(const ConvCase& c, bool use_delta_weight, bool use_norm, bool use_
     // O(1) terms that is a few 1e-6 at most; 16-bit outputs may round one ulp apart on top.
     coc_test::expect_close(coc_test::widened(d_out.host()), coc_test::widened(out_cpu), 3e-5f, 2e-5f + output_rtol<T>(),
                            "out");
+    // The finish taps are such projections rounded to T (NaN when the call failed).
+    if (use_finish)
+      coc_test::expect_close(coc_test::widened(d_finish.host()), coc_test::widened(finish_cpu), 3e-5f,
+                             2e-5f + output_rtol<T>(), "finish_delta");
     if (with_status) coc_test::expect_equal(d_st.host(), st_cpu, "status");
   }
 }
@@ -169,16 +184,28 @@ void run_conv_all() {
       {6, 1, 1, {}, 2, 3, 0},                      // every row its own block
       {8, 21, 0, {8}, 1, 0, 3},                    // a single ragged block
   };
+  // Group sizes other than 16: one channel, odd and even sizes below 16, 17 (a 16-wide step and a
+  // remainder per group), 32 (two steps), the whole row, and more than the row (one partial group).
+  const std::vector<ConvCase> grouped = {
+      {9, 37, 4, {}, 3, 1, 1, 1},      {10, 37, 0, {3, 0, 1, 5, 1}, 0, 2, 0, 3},
+      {7, 70, 3, {}, 5, 0, 2, 8},      {8, 70, 0, {0, 1, 4, 3}, 1, 3, 1, 17},
+      {8, 70, 4, {}, 2, 0, 0, 32},     {6, 37, 2, {}, 0, 1, 3, 37},
+      {5, 21, 0, {2, 3}, 1, 0, 0, 40},
+  };
   uint64_t seed = 101;
-  for (const ConvCase& c : cases)
-    for (int flags = 0; flags < 8; ++flags) run_conv<T>(c, flags & 1, flags & 2, flags & 4, BadBlocks::kNone, seed++);
+  for (const auto* list : {&cases, &grouped})
+    for (const ConvCase& c : *list)
+      for (int flags = 0; flags < 16; ++flags)
+        if (!(flags & kConvFinish) || (flags & kConvWeight)) run_conv<T>(c, flags, BadBlocks::kNone, seed++);
   // No rows at all, fixed and ragged.
-  run_conv<T>({0, 5, 3, {}}, true, true, true, BadBlocks::kNone, seed++);
-  run_conv<T>({0, 5, 0, {0}}, false, true, false, BadBlocks::kNone, seed++);
-  // Bad offsets: the whole output is NaN, status kBadCuBlocks, under every combination of operands.
-  const ConvCase ragged = {11, 37, 0, {2, 0, 4, 1, 4}, 2, 1, 1};
+  run_conv<T>({0, 5, 3, {}}, kConvWeight | kConvNorm | kConvResidual | kConvFinish, BadBlocks::kNone, seed++);
+  run_conv<T>({0, 5, 0, {0}}, kConvNorm, BadBlocks::kNone, seed++);
+  // Bad offsets: the whole output (and finish_delta) is NaN, status kBadCuBlocks, under several combinations of
+  // operands.
+  const ConvCase ragged = {11, 37, 0, {2, 0, 4, 1, 4}, 2, 1, 1, 5};
   for (BadBlocks bad : {BadBlocks::kFirst, BadBlocks::kLast, BadBlocks::kDecreasing})
-    for (int flags = 0; flags < 8; flags += 3) run_conv<T>(ragged, flags & 1, flags & 2, flags & 4, bad, seed++);
+    for (int flags : {0, kConvWeight | kConvNorm, kConvNorm | kConvResidual, kConvWeight | kConvNorm | kConvFinish})
+      run_conv<T>(ragged, flags, bad, seed++);
 }
 
 // ---- topk_select ----------------------------------------------------------------------------

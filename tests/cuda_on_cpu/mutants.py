@@ -132,6 +132,33 @@ MUTANTS = {
         "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
         "verify",
     ),
+    # --- two_tap_conv's group size and the finish conv's taps: the group taken as the default 16,
+    # the finish taps projected from the conv's own rows (the wrong half of delta_weight), never
+    # projected (the launch sized for 2G taps), or left finite when the call failed
+    "conv-group-default": (
+        "include/flashspark/cuda/dflash2.cuh",
+        "  const int32_t G = p.groups(), S = p.group_size;\n",
+        "  const int32_t G = p.groups(), S = kConvGroup;\n",
+        "dflash2",
+    ),
+    "conv-finish-wrong-half": (
+        "include/flashspark/cuda/dflash2.cuh",
+        "  float acc = two_tap_delta_dot(p, t, p.norm_weight ? p.row_scale_ws[t] : 1.f, i, lane, 32);",
+        "  float acc = two_tap_delta_dot(p, t, p.norm_weight ? p.row_scale_ws[t] : 1.f, i % J, lane, 32);",
+        "dflash2",
+    ),
+    "conv-finish-not-launched": (
+        "include/flashspark/cuda/dflash2.cuh",
+        "    const int64_t warps = p.rows * p.projected_taps();",
+        "    const int64_t warps = p.rows * 2 * p.groups();",
+        "dflash2",
+    ),
+    "conv-finish-not-failed": (
+        "include/flashspark/cuda/dflash2.cuh",
+        "from_float<T>(failed ? NAN : acc);",
+        "from_float<T>(acc);",
+        "dflash2",
+    ),
     # --- a CUB result read from a thread other than thread 0
     "topk-cub-thread1": (
         "include/flashspark/cuda/dflash2.cuh",

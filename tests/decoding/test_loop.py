@@ -38,9 +38,9 @@ class OracleDrafter(DFlashDrafter):
     def num_drafts(self) -> int:
         return self.block_size if self.from_anchor else self.block_size - 1
 
-    def draft_logits(self, cache, anchor, ctx_lens):
+    def draft_logits(self, cache, anchor, ctx_lens, num_drafts=None):
         V = self.config.vocab_size
-        pos = ctx_lens[:, None] + torch.arange(1, self.num_drafts + 1)
+        pos = ctx_lens[:, None] + torch.arange(1, (num_drafts or self.num_drafts) + 1)
         truth = self.sequences.gather(1, pos.clamp(max=self.sequences.shape[1] - 1))
         wrong = (pos * 7 + torch.arange(len(pos))[:, None] * 3) % 11 == 0
         return F.one_hot(torch.where(wrong, (truth + 1) % V, truth), V).float() * 10
@@ -102,9 +102,9 @@ class SplitOracle(OracleDrafter):
     """Request 0's drafts are always right (every step emits K + 1 tokens), the others' first
     draft always wrong (one token a step): request 0 finishes long before the rest."""
 
-    def draft_logits(self, cache, anchor, ctx_lens):
+    def draft_logits(self, cache, anchor, ctx_lens, num_drafts=None):
         V = self.config.vocab_size
-        pos = ctx_lens[:, None] + torch.arange(1, self.num_drafts + 1)
+        pos = ctx_lens[:, None] + torch.arange(1, (num_drafts or self.num_drafts) + 1)
         truth = self.sequences.gather(1, pos.clamp(max=self.sequences.shape[1] - 1))
         wrong = torch.zeros_like(truth, dtype=torch.bool)
         wrong[1:, 0] = True

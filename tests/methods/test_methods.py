@@ -150,7 +150,10 @@ def test_record_collects_dspark_confidences():
     _, st = speculative_generate(target, d, prompts_of([4, 9], 48, seed=7), max_new_tokens=12, record=True)
     rec = st["records"]
     assert rec["confidence"].shape == (st["steps"], d.num_drafts) == (st["steps"], 5) and rec["signals"] is None
-    assert bool(((rec["confidence"] > 0) & (rec["confidence"] < 1)).all())
+    # Near max_new_tokens the block is shorter: its missing columns are padding, never verified.
+    verified = torch.arange(d.num_drafts) < rec["num_verified"][:, None]
+    c = rec["confidence"][verified]
+    assert bool(((c > 0) & (c < 1)).all())
     assert bool((rec["num_accepted"] <= rec["num_verified"]).all())
 
 

@@ -66,8 +66,8 @@ def dflash2_case():
     target = tiny_target(vocab=V, layers=1, seed=5, scale=3.0)
     d = tiny_dflash2(target, block_size=4, topk=4, seed=6, scale=8.0)
     with torch.no_grad():
-        d.selector.a_emb.mul_(2.0)
-        d.selector.b_emb.mul_(2.0)
+        d.selector.predecessor_codebook.weight.mul_(2.0)
+        d.selector.successor_codebook.weight.mul_(2.0)
     proxy = ConfidenceProxy(3)
     proxy.weight = torch.tensor([0.3, 0.0, 0.0, 0.0])
     proxy.bias = torch.tensor([-1.0, -0.5, -0.5])
@@ -85,7 +85,10 @@ CASES = {"dspark": dspark_case, "dflash2": dflash2_case}
 
 def joint_counts(case):
     target, d, make, kw = CASES[case]()
-    counts = spec_joint(target, d, PROMPT, N, 1.0, samples=SAMPLES, scheduler=PerRequest(make, SAMPLES), **kw)
+    # Decoding past the N counted tokens keeps the blocks whole where the scheduler decides.
+    counts = spec_joint(
+        target, d, PROMPT, N, 1.0, samples=SAMPLES, decode=N + 4, scheduler=PerRequest(make, SAMPLES), **kw
+    )
     return counts, exact_joint(target, PROMPT, N, 1.0)
 
 

@@ -1,6 +1,7 @@
 """DFlash 2 drafter: identity convs reduce to DFlash, the ops path equals the
 reference path (convs, Top-K, path selection), the training form equals the
-inference form, the selector's loss and signals, and checkpoint I/O."""
+inference form, the selector's loss and signals, and checkpoint I/O. Parity with
+z-lab's reference implementation is tests/models/test_zlab_parity.py."""
 
 import dataclasses
 import math
@@ -8,11 +9,12 @@ import math
 import pytest
 import torch
 from flashspark.models import DecoderConfig, DecoderForCausalLM
+from flashspark.models.decoder import RMSNorm
 from flashspark.models.dflash import DFlashConfig, DFlashDrafter, block_mask, packed_blocks
 from flashspark.models.dflash2 import (
     DFlash2Config,
     DFlash2Drafter,
-    TwoTapConv,
+    GroupedDynamicConv,
     load_dflash2,
     path_signals,
     save_dflash2,
@@ -50,7 +52,8 @@ def tiny_dflash2(target, seed=1, block_size=4, use_ops=True) -> DFlash2Drafter:
         mask_token_id=1,
         num_features=3,
         selector_rank=8,
-        selector_topk=6,
+        selector_top_k=6,
+        conv_group_size=8,
     )
     d = DFlash2Drafter(cfg, target, use_ops=use_ops)
     d.init_weights(seed)
@@ -59,9 +62,9 @@ def tiny_dflash2(target, seed=1, block_size=4, use_ops=True) -> DFlash2Drafter:
         for name, p in d.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5, generator=g)
-            elif ".conv." in name:
-                p.copy_(torch.randn(p.shape, generator=g) * (0.5 if name.endswith("base") else 0.2))
-            elif name.startswith("selector."):
+            elif "_conv." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.5 if name.endswith("base_kernel") else 0.2))
+            elif name.startswith("candidate_selector."):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.7)
             else:
                 p.mul_(5)
@@ -77,27 +80,38 @@ def fill_cache(d, hidden, ctx):
     return cache
 
 
+def run_conv(conv, norm, x, y, res):
+    """The prepare conv of norm(x) and the finish conv of y with the taps prepare gave."""
+    h, taps = conv.prepare(x, norm, 4)
+    return h, conv.finish(y, taps, res, 4)
+
+
 def test_conv_op_equals_reference_and_trains():
-    conv = TwoTapConv(40, 4)
+    conv, norm = GroupedDynamicConv(40, 8), RMSNorm(40, 1e-6)
     with torch.no_grad():
-        conv.base.normal_()
-        conv.proj.weight.normal_()
-    x, res = torch.randn(3, 8, 40), torch.randn(3, 8, 40)
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+        norm.weight.uniform_(0.5, 1.5)
+    x, y, res = torch.randn(3, 8, 40), torch.randn(3, 8, 40), torch.randn(3, 8, 40)
     conv.use_ops = True
     with torch.no_grad():
-        got = conv(x, residual=res)
+        got = run_conv(conv, norm, x, y, res)
     conv.use_ops = False
-    want = conv(x, residual=res)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # Row 0 of each block of 4 ignores its left neighbour.
+    want = run_conv(conv, norm, x, y, res)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # Row 0 of each block of 4 ignores its left neighbour; the finish taps come from x, not y.
     x2 = x.clone()
     x2[:, 3] += 1.0
     with torch.no_grad():
-        assert torch.equal(conv(x2)[:, 4:], conv(x)[:, 4:]) and not torch.equal(conv(x2)[:, 3], conv(x)[:, 3])
+        h, out = run_conv(conv, norm, x, y, res)
+        h2, out2 = run_conv(conv, norm, x2, y, res)
+    assert torch.equal(h2[:, 4:], h[:, 4:]) and not torch.equal(h2[:, 3], h[:, 3])
+    assert not torch.equal(out2[:, 3], out[:, 3]) and torch.equal(out2[:, 5:], out[:, 5:])
     # With gradients the differentiable reference runs even when use_ops is set.
     conv.use_ops = True
-    conv(x.requires_grad_()).sum().backward()
-    assert conv.base.grad.abs().sum() > 0 and conv.proj.weight.grad.abs().sum() > 0
+    sum(t.sum() for t in run_conv(conv, norm, x.requires_grad_(), y, res)).backward()
+    assert conv.base_kernel.grad.abs().sum() > 0 and conv.kernel_projection.weight.grad.abs().sum() > 0
 
 
 def test_identity_convs_reduce_to_dflash():
@@ -121,7 +135,7 @@ def test_identity_convs_reduce_to_dflash():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # ... and non-identity convs change it (the test above can fail).
     with torch.no_grad():
-        d2.layers[0].mlp.conv.base[1].fill_(0.5)
+        d2.layers[0].mlp_conv.base_kernel[1, 1].fill_(0.5)
         moved = d2.draft_hidden(fill_cache(d2, hidden, ctx), anchor, ctx)
     assert not torch.allclose(moved, want, atol=1e-3)
 
@@ -263,7 +277,8 @@ def test_selector_loss_masks_and_learns():
     loss, in_topk, hit = d.selector_loss(h, logits, prev, labels)
     assert in_topk.tolist() == [True, True, True, False, True]
     loss.backward()
-    assert d.selector.a_emb.grad.abs().sum() > 0 and d.selector.b_emb.grad.abs().sum() > 0
+    sel = d.selector
+    assert sel.predecessor_codebook.weight.grad.abs().sum() > 0 and sel.successor_codebook.weight.grad.abs().sum() > 0
     # Masked positions carry no loss: weights zero everywhere but row 3 give zero loss.
     loss3, _, _ = d.selector_loss(h, logits, prev, labels, weights=torch.tensor([0.0, 0, 0, 1, 0]))
     assert float(loss3.detach()) == 0.0
@@ -301,8 +316,16 @@ def test_save_load_round_trip(tmp_path):
     assert isinstance(d2, DFlash2Drafter) and d2.use_ops
     for (n, a), (_, b) in zip(d.state_dict().items(), d2.state_dict().items()):
         torch.testing.assert_close(a, b, msg=n)
-    with pytest.raises(ValueError, match="not a dflash2"):
-        (tmp_path / "config.json").write_text((tmp_path / "config.json").read_text().replace('"dflash2"', '"dflash"'))
+    # z-lab's names: bare codebooks, the convs' base_kernel / kernel_projection.
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"candidate_selector.predecessor_codebook", "layers.0.attention_conv.base_kernel"} <= names
+    with pytest.raises(ValueError, match="not a DFlash 2 drafter config"):
+        (tmp_path / "config.json").write_text(
+            (tmp_path / "config.json").read_text().replace('"DFlash2DraftModel"', '"DFlashDraftModel"')
+        )
         load_dflash2(tmp_path, target)
 
 
@@ -317,10 +340,10 @@ def test_train_subcommands_parse():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="what")
     cli.add_train(sub)
-    args = parser.parse_args(["dflash2", "--minutes", "7", "--init-from", "x", "--selector-topk", "8", "--no-bf16"])
+    args = parser.parse_args(["dflash2", "--minutes", "7", "--init-from", "x", "--selector-top-k", "8", "--no-bf16"])
     a = cli.train_args(args)
     assert isinstance(a, DFlash2TrainArgs)
-    assert (a.minutes, a.init_from, a.selector_topk, a.bf16, a.out) == (7.0, "x", 8, False, "runs/dflash2")
+    assert (a.minutes, a.init_from, a.selector_top_k, a.bf16, a.out) == (7.0, "x", 8, False, "runs/dflash2")
     assert args.func is cli.run_train and cli.TRAINERS[args.trainer][2].__module__ == "flashspark.train.dflash2"
     args = parser.parse_args(["dspark", "--resume", "--data-from", "runs/dflash", "--markov-rank", "32"])
     a = cli.train_args(args)

@@ -41,11 +41,11 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
     path = shipped(method)
     config = json.loads((path / "config.json").read_text())
     assert config["hidden_size"] == 576 and config["vocab_size"] == 49152
-    assert config["target_layer_ids"] == [1, 8, 14, 20, 27]  # 5 of 30 layers, round(1 + i(L-4)/4)
-    if method == "dflash2":
-        assert config["backbone"] == "../dflash"  # trained on the DFlash backbone, frozen and shared
-    if method == "dspark":  # DeepSpec's format: self-contained (its backbone fine-tuned from DFlash's)
-        assert config["architectures"] == ["Qwen3DSparkModel"] and "backbone" not in config
+    keys = {**config, **config.get("dflash_config", {})}  # z-lab's format nests the drafter's keys
+    assert keys["target_layer_ids"] == [1, 8, 14, 20, 27]  # 5 of 30 layers, round(1 + i(L-4)/4)
+    # Each in its authors' format, self-contained (DFlash 2 holds the DFlash backbone it was trained on).
+    want = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}[method]
+    assert config["architectures"] == [want] and "backbone" not in config
     target, prompts = smollm2
     decode = make_decoder(method, target)  # the shipped drafter of the target it is given
     assert decode.drafter_dir == path
@@ -56,9 +56,10 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
 
 
 def test_shipped_assets_fit_the_size_limit():
-    """All SmolLM2 drafter files together stay within the 40 MB the repository allots them (25 MB
-    while DSpark shared DFlash's backbone; DeepSpec's format holds DSpark's own, 17 MB in bf16)."""
+    """All SmolLM2 drafter files together stay within the 50 MB the repository allots them (25 MB
+    while DFlash 2 and DSpark shared DFlash's backbone; their authors' formats hold each drafter's
+    own: 14 MB for DFlash, 18 MB for DFlash 2, 17 MB for DSpark, in bf16)."""
     files = [f for f in SHIPPED.rglob("*") if f.is_file()] if SHIPPED.is_dir() else []
     if not files:
         pytest.skip("no smollm2 drafter has shipped yet")
-    assert sum(f.stat().st_size for f in files) <= 40 * 10**6
+    assert sum(f.stat().st_size for f in files) <= 50 * 10**6

@@ -200,7 +200,8 @@ def build_inject(b):
 def build_conv(b):
     g = gen(b["seed"])
     rows, C = b["rows"], b["C"]
-    groups = (C + 15) // 16
+    group_size = b.get("group", 16)
+    groups = ref.conv_groups(C, group_size)
     dt = DTYPES[b["dtype"]]
     lead = (2,) if b["lead"] else ()
     n = rows * (2 if b["lead"] else 1)
@@ -214,11 +215,16 @@ def build_conv(b):
         delta_weight=None,
         norm_weight=None,
         norm_eps=1e-6,
+        group_size=group_size,
+        finish_delta=None,
     )
     if b["taps"] == "delta":
         a["delta"] = (0.3 * torch.randn(*lead, rows, 2, groups, generator=g)).to(dt)
-    else:
-        a["delta_weight"] = (0.2 * torch.randn(2 * groups, C, generator=g)).to(dt)
+    else:  # "finish": the finish conv's taps projected too, into finish_delta (filled with a value never computed)
+        finish = b["taps"] == "finish"
+        a["delta_weight"] = (0.2 * torch.randn((4 if finish else 2) * groups, C, generator=g)).to(dt)
+        if finish:
+            a["finish_delta"] = torch.full((*lead, rows, 2, groups), 777.0, dtype=dt)
     if b["ragged"]:
         cuts = sorted(torch.randint(0, n + 1, (b["block_size"],), generator=g).tolist())
         a["cu_blocks"] = torch.tensor([0] + cuts + [n], dtype=idx_dtype(b))
@@ -228,7 +234,7 @@ def build_conv(b):
     if b["norm"]:
         a["norm_weight"] = (1 + 0.5 * torch.randn(C, generator=g)).to(dt)
         a["norm_eps"] = 1e-5
-    return a, dict(rows=n, C=C, groups=groups, dtype=dt, ragged=b["ragged"], taps=b["taps"])
+    return a, dict(rows=n, C=C, groups=groups, dtype=dt, ragged=b["ragged"], taps=b["taps"], group_size=group_size)
 
 
 def build_topk(b):
@@ -341,6 +347,9 @@ NEEDS = {
     # two_tap_conv
     "taps_delta": lambda b: b.update(taps="delta"),
     "taps_weight": lambda b: b.update(taps="delta_weight"),
+    "taps_finish": lambda b: b.update(taps="finish"),
+    "rows2": lambda b: b.update(rows=max(b["rows"], 2)),
+    "groups2": lambda b: b.update(C=max(b["C"], 2 * b.get("group", 16))),
     "ragged": lambda b: b.update(ragged=True),
     "fixed": lambda b: b.update(ragged=False),
     "residual": lambda b: b.update(residual=True),
@@ -1277,7 +1286,7 @@ def _conv_rows(change):
         a = change(a, m, rng, arg)
         if a is None:
             return None
-        valid = a["delta"] is None and a["residual"] is None and a["cu_blocks"] is None
+        valid = a["delta"] is None and a["residual"] is None and a["cu_blocks"] is None and a["finish_delta"] is None
         m["expect"] = "ok" if valid else "error"
         return a
 
@@ -1301,6 +1310,7 @@ def conv_mutations():
         residual=("float", 2),
         delta_weight=("float", 2),
         norm_weight=("float", 1),
+        finish_delta=("fout", 3),
     )
     ov = {
         "rank:x:unsqueeze": "either",
@@ -1314,6 +1324,14 @@ def conv_mutations():
         "shape:cu_blocks:grow0": "ok",  # one more empty block at the end
         "shape:cu_blocks:shrink0": None,
         "stride:cu_blocks:expand": "error",
+        # finish_delta follows delta's shape rule ([..., 2, G], leading dims flattening to the rows) and is
+        # written in place: contiguous, which a step or an expansion over one row, or a transposition of
+        # one group, still is
+        "rank:finish_delta:unsqueeze": "ok",
+        "rank:finish_delta:drop": "either",
+        "stride:finish_delta:step": ("error", ("rows2",)),
+        "stride:finish_delta:expand": ("error", ("rows2",)),
+        "stride:finish_delta:transposed": ("error", ("groups2",)),
     }
     needs = {
         "delta": ("taps_delta",),
@@ -1321,12 +1339,18 @@ def conv_mutations():
         "cu_blocks": ("ragged",),
         "residual": ("residual",),
         "norm_weight": ("norm",),
+        "finish_delta": ("taps_finish",),
     }
     generic(t, spec, ov, needs)
     add(t, "shape:x:grow-rows", "x", _conv_rows(m_grow(-2)), "error")
     add(t, "shape:x:shrink-rows", "x", _conv_rows(m_shrink(-2)), "error")
     add(t, "shape:cu_blocks:shrink0", "cu_blocks", _cu_blocks_shrink, "error", ("ragged",))
-    for n, nd in [("base", ()), ("delta_weight", ("taps_weight",)), ("norm_weight", ("norm",))]:
+    for n, nd in [
+        ("base", ()),
+        ("delta_weight", ("taps_weight",)),
+        ("norm_weight", ("norm",)),
+        ("finish_delta", ("taps_finish",)),
+    ]:
         add(t, f"dtype:{n}:other-float", n, m_other_float, "error" if n != "base" else "either", nd)
     for kind in ["decreasing", "first", "last", "wrap"]:
         add(t, f"value:cu_blocks:{kind}", "cu_blocks", _cu_blocks_change(kind), "error", ("ragged",), takes_arg=False)
@@ -1366,7 +1390,55 @@ def conv_mutations():
     add_empty(t, "x", "rows=0", {"rows": 0}, "ok")
     add_empty(t, "x", "channels=0", {"C": 0}, "error")
     add(t, "alias:residual:x", "residual", lambda a, m, rng: dict(a, residual=a["x"]), "ok", takes_arg=False)
+    # finish_delta: required exactly with a 4G-row delta_weight, and sharing no memory with an input
+    add(t, "arg:finish_delta:missing", "finish_delta", m_set_scalar(None), "error", ("taps_finish",))
+    for label, nd in [("with-2G-weight", ("taps_weight",)), ("with-delta", ("taps_delta",))]:
+        add(t, f"arg:finish_delta:{label}", "finish_delta", _conv_finish_extra, "error", nd)
+    for other in ["x", "delta_weight"]:
+        add(t, f"alias:finish_delta:{other}", "finish_delta", _conv_finish_alias(other), "error", ("taps_finish",))
+    add_python_ints(
+        t,
+        "group_size",
+        [
+            ("0", 0, "error"),
+            ("-1", -1, "error"),
+            ("-16", -16, "error"),
+            ("2**31", 2**31, "error"),
+            ("2**32+16", 2**32 + 16, "error"),  # read as 16 if narrowed to int32
+            ("2**63-1", 2**63 - 1, "error"),
+        ],
+    )
+    add(t, "size:group_size:2**31-1", "group_size", _conv_group_max, "error")
     return t
+
+
+def _conv_finish_extra(a, m, rng, arg):
+    """finish_delta of the right shape where the call projects no finish taps."""
+    a["finish_delta"] = torch.zeros(m["rows"], 2, m["groups"], dtype=m["dtype"])
+    return a
+
+
+def _conv_finish_alias(other):
+    """finish_delta over the first elements of another argument's memory (values kept)."""
+
+    def f(a, m, rng, arg):
+        t, fd = a[other], a["finish_delta"]
+        if t.numel() == 0 or fd.numel() == 0:
+            return None
+        buf = torch.zeros(max(t.numel(), fd.numel()), dtype=t.dtype)
+        buf[: t.numel()] = t.reshape(-1)
+        a[other] = buf[: t.numel()].view(t.shape)
+        a["finish_delta"] = buf[: fd.numel()].view(fd.shape)
+        return a
+
+    return f
+
+
+def _conv_group_max(a, m, rng, arg):
+    """The largest group size: one group, valid exactly when the call has one group already."""
+    a["group_size"] = 2**31 - 1
+    m["expect"] = "ok" if m["groups"] == 1 else "error"
+    return a
 
 
 def _cu_blocks_change(kind):
@@ -1931,6 +2003,15 @@ def planted_inject_stray_write(a):
     return out
 
 
+def planted_conv_finish_wrong_half(a):
+    """two_tap_conv projecting the finish conv's taps with the conv's own rows of delta_weight."""
+    w = a["delta_weight"]
+    if a.get("finish_delta") is not None:
+        half = w.shape[0] // 2
+        a = dict(a, delta_weight=torch.cat([w[:half], w[:half]]))
+    return call_conv(a)
+
+
 def planted_segfault(a):
     """Dies by SIGSEGV, as a kernel reading out of bounds would."""
     os.kill(os.getpid(), signal.SIGSEGV)
@@ -1949,6 +2030,7 @@ IMPLS = {
     "planted_verify_status_swallowed": planted_verify_status_swallowed,
     "planted_markov_plain_softmax": planted_markov_plain_softmax,
     "planted_inject_stray_write": planted_inject_stray_write,
+    "planted_conv_finish_wrong_half": planted_conv_finish_wrong_half,
     "verify": call_verify,
     "verify_out": call_verify_out,
     "block_diffusion_attention": call_attention,
@@ -2147,11 +2229,20 @@ def check_conv(a, out, m, mut):
     x = a["x"]
     if not _expect_shape(errs, out, x.shape, x.dtype, "output"):
         return errs
-    want = ref.two_tap_conv_reference(**{k: v for k, v in a.items() if k != "status"})
+    args = {k: v for k, v in a.items() if k != "status"}
+    got_finish = a.get("finish_delta")
+    if got_finish is not None:  # the reference writes its own copy: the op's is judged against it
+        args["finish_delta"] = want_finish = torch.full_like(got_finish, float("nan"))
+    want = ref.two_tap_conv_reference(**args)
     finite_in = _moderate_tensors(a, ["x", "base", "delta", "residual", "delta_weight", "norm_weight"])
     if finite_in and not torch.isfinite(out.float()).all():
         errs.append("non-finite output from finite inputs")
-    return errs + _close(out, want, x.dtype, "output")
+    errs += _close(out, want, x.dtype, "output")
+    if got_finish is not None:
+        if finite_in and not torch.isfinite(got_finish.float()).all():
+            errs.append("non-finite finish_delta from finite inputs")
+        errs += _close(got_finish, want_finish, x.dtype, "finish_delta")
+    return errs
 
 
 def _read_logits(x):
@@ -2518,6 +2609,9 @@ def status_failed_outputs(op, a, out, failed, m, mut):
     if op == "two_tap_conv":
         if failed and not torch.isnan(out.float()).all():
             errs.append("failed call: output not all NaN")
+        finish = a.get("finish_delta")
+        if failed and finish is not None and not torch.isnan(finish.float()).all():
+            errs.append("failed call: finish_delta not all NaN")
         return errs
     if op == "inject_context_kv":
         return check_inject(_subset(a, PER_ITEM[op], healthy), out, m, mut)

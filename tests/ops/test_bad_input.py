@@ -76,6 +76,8 @@ def test_drafter_ops_int64_values_are_checked_at_full_width(device):
         ops.two_tap_conv(x, base, delta, 2**32)  # was narrowed to 0, then t % 0
     with pytest.raises(RuntimeError, match="'cu_blocks'"):
         ops.two_tap_conv(x, base, delta, 0, torch.tensor([0, 2**32 + 3, 6], device=device))
+    with pytest.raises(RuntimeError, match="'group_size' must lie in"):
+        ops.two_tap_conv(x, base, delta, 4, group_size=2**32 + 16)  # 16 if narrowed: delta would fit
     cand, unary, a_emb, b_emb, g, anchor = path_inputs(2, 3, 4, device=device)
     with pytest.raises(RuntimeError, match="'cand_ids'"):
         ops.path_select(cand.long() + 2**32, unary, a_emb, b_emb, g, anchor)
@@ -456,6 +458,47 @@ def test_aliased_outputs_are_rejected(device):
         flashspark.verify(logits, drafts, cu32, **kw, status=cu32[1:])
 
 
+def test_conv_finish_delta_must_not_alias(device):
+    """finish_delta is written in place: it may share no memory with an input, nor with status."""
+    x, base, _, res = conv_inputs(6, 17, torch.float32, device, residual=True, group_size=4)
+    w = 0.1 * torch.randn(20, 17, device=device)  # 4G rows, G = 5: finish_delta [6, 2, 5]
+    for name in ["x", "residual", "delta_weight"]:
+        args = dict(x=x, residual=res, delta_weight=w)
+        buf = torch.zeros(400, device=device)
+        shared = buf[: args[name].numel()].view(args[name].shape)
+        shared.copy_(args[name])
+        args[name] = shared
+        finish = buf[30:90].view(6, 2, 5)  # overlaps the other argument's elements
+        with pytest.raises(
+            RuntimeError, match=f"'finish_delta' is written in place and must not share memory with argument '{name}'"
+        ):
+            ops.two_tap_conv(base=base, delta=None, block_size=4, group_size=4, finish_delta=finish, **args)
+    buf = torch.zeros(61, device=device)
+    finish, status = buf[:60].view(6, 2, 5), buf[59:60].view(torch.int32)
+    with pytest.raises(
+        RuntimeError, match="'status' is written in place and must not share memory with argument 'finish_delta'"
+    ):
+        ops.two_tap_conv(x, base, None, 4, delta_weight=w, group_size=4, finish_delta=finish, status=status)
+    # the next elements of the same buffer are fine
+    ops.two_tap_conv(
+        x, base, None, 4, delta_weight=w, group_size=4, finish_delta=finish, status=buf[60:].view(torch.int32)
+    )
+
+
+@pytest.mark.parametrize("name", ["target_logits", "draft_tokens", "cu_num_draft", "temperature", "seeds", "offsets"])
+def test_verify_missing_tensor_is_named(name):
+    """A required tensor passed as None names itself (the op alone says "tensor does not have a device")."""
+    logits, drafts, cu, kw = greedy_case("cpu")
+    args = dict(target_logits=logits, draft_tokens=drafts, cu_num_draft=cu, **kw)
+    args[name] = None
+    with pytest.raises(TypeError, match=f"flashspark.verify: argument '{name}' is required"):
+        flashspark.verify(**args)
+    outs = dict(out_tokens=torch.zeros(2, kw["max_spec_len"] + 1, dtype=torch.int32), out_num_accepted=None)
+    args[name] = dict(target_logits=logits, draft_tokens=drafts, cu_num_draft=cu, **kw)[name]
+    with pytest.raises(TypeError, match="flashspark.verify: argument 'out_num_accepted' is required"):
+        flashspark.verify_out(**args, **outs)
+
+
 def test_interleaved_cache_views_are_accepted(device):
     # K and V as two interleaved slices of one [B, 2, Hkv, S, D] buffer share a storage but
     # no element: the overlap check must let them through.
@@ -548,6 +591,22 @@ def test_status_fails_one_item_and_leaves_the_others(device):
     assert tokens[0] == good[0][0] and torch.equal(q[0], good[1][0]) and conf[0] == good[2][0]
     with pytest.raises(RuntimeError, match="flashspark.markov_step: argument 'prev_tokens' holds a token id"):
         flashspark.raise_on_status(status, "markov_step")
+
+
+def test_conv_failed_call_fails_finish_delta(device):
+    """Bad offsets fail the whole call: the finish conv's taps are NaN too, so the finish conv fails with it."""
+    x, base, _, _ = conv_inputs(6, 17, torch.float32, device, group_size=4)
+    w = 0.1 * torch.randn(20, 17, device=device)
+    bad = torch.tensor([0, 4, 2, 6], dtype=torch.int32, device=device)
+    finish = torch.zeros(6, 2, 5, device=device)
+    status = status_of(1, device)
+    out = ops.two_tap_conv(x, base, None, 0, bad, delta_weight=w, group_size=4, finish_delta=finish, status=status)
+    assert status.tolist() == [14] and torch.isnan(out).all() and torch.isnan(finish).all()
+    if device.type == "cpu":  # without status the CPU raises before writing anything
+        finish.zero_()
+        with pytest.raises(RuntimeError, match="'cu_blocks' must start at 0"):
+            ops.two_tap_conv(x, base, None, 0, bad, delta_weight=w, group_size=4, finish_delta=finish)
+        assert (finish == 0).all()
 
 
 def test_cpu_raises_without_status_and_not_with_it():

@@ -91,6 +91,32 @@ def test_drafter_ops_in_a_graph():
     replay_matches(fn, make)
 
 
+def test_two_tap_convs_in_a_graph():
+    """DFlash 2's sublayer: the prepare conv (norm, a 4G-row projection, group size 8, ragged
+    blocks) writes the finish conv's taps into finish_delta in place, and the finish conv reads
+    them, inside one graph; the offsets' check stays on the device."""
+    N, C, S = 24, 96, 8
+    G = C // S
+    g = torch.Generator().manual_seed(300)
+    base1, base2 = torch.randn(2, C, generator=g).cuda(), torch.randn(2, C, generator=g).cuda()
+    w = (0.1 * torch.randn(4 * G, C, generator=g)).cuda()
+    nw = (1 + 0.1 * torch.randn(C, generator=g)).cuda()
+    finish = torch.empty(N, 2, G, device="cuda")
+    status = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def make(t):
+        g = torch.Generator().manual_seed(310 + t)
+        cu = torch.tensor([0, 5 + t, 12, 12, N], dtype=torch.int32)
+        return torch.randn(N, C, generator=g).cuda(), torch.randn(N, C, generator=g).cuda(), cu.cuda()
+
+    def fn(x, y, cu):
+        a = flashspark.ops.two_tap_conv(x, base1, None, 0, cu, None, w, nw, 1e-6, S, finish, status=status)
+        b = flashspark.ops.two_tap_conv(y + a, base2, finish, 0, cu, x, group_size=S, status=status)
+        return a, b, finish.clone(), status.clone()
+
+    replay_matches(fn, make)
+
+
 def test_inject_in_a_graph():
     N, B, Hkv, D, S = 16, 4, 2, 64, 64
     cs = rope_cos_sin_cache(S, D, 1e4).cuda()

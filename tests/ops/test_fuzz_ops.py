@@ -26,7 +26,8 @@ Design:
     where the contract is silent either is accepted;
   * test_planted_bugs_are_found runs the same oracle on deliberately broken variants
     (a removed range check, int64 ids narrowed to int32, a wrong padding, a wrong stream
-    position, a swallowed status, NaN-blind Top-K and softmax, a stray cache write), so
+    position, a swallowed status, NaN-blind Top-K and softmax, a stray cache write, the finish
+    conv's taps from the wrong half of the projection), so
     the fuzz cannot pass vacuously.
 
 CPU only: the cases build CPU tensors (CUDA reads bad values only through status, which
@@ -314,6 +315,22 @@ SAMPLED_VERIFY_BASE = dict(
     index64=False,
 )
 
+# A conv that projects the finish conv's taps too (for the planted wrong half of delta_weight).
+FINISH_CONV_BASE = dict(
+    seed=5,
+    rows=6,
+    C=33,
+    block_size=3,
+    group=8,
+    taps="finish",
+    ragged=False,
+    residual=True,
+    norm=True,
+    dtype="float32",
+    lead=False,
+    index64=False,
+)
+
 PLANTED = {
     # impl: (op, mutations it runs on, the mutations where it must be caught, fixed base or None, with status)
     "planted_verify_clamped": (
@@ -354,6 +371,7 @@ PLANTED = {
         False,
     ),
     "planted_inject_stray_write": ("inject_context_kv", ["valid"], ["valid"], None, False),
+    "planted_conv_finish_wrong_half": ("two_tap_conv", ["valid"], ["valid"], FINISH_CONV_BASE, False),
 }
 
 

@@ -7,7 +7,14 @@ import math
 import flashspark
 import pytest
 import torch
-from flashspark.reference import path_select_reference, topk_select_reference, two_tap_conv_reference
+from flashspark.reference import (
+    conv_groups,
+    grouped_taps,
+    path_select_reference,
+    rms_norm,
+    topk_select_reference,
+    two_tap_conv_reference,
+)
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -15,9 +22,9 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 # ---------------------------------------------------------------- two_tap_conv
 
 
-def conv_inputs(rows, channels, dtype, device, seed=0, residual=False):
+def conv_inputs(rows, channels, dtype, device, seed=0, residual=False, group_size=16):
     g = torch.Generator().manual_seed(seed)
-    groups = (channels + 15) // 16
+    groups = conv_groups(channels, group_size)
     x = torch.randn(rows, channels, generator=g).to(dtype).to(device)
     base = torch.randn(2, channels, generator=g).to(dtype).to(device)
     delta = (0.3 * torch.randn(rows, 2, groups, generator=g)).to(dtype).to(device)
@@ -165,6 +172,188 @@ def test_conv_fused_norm_ragged_strided_and_opcheck(device):
     torch.library.opcheck(op, (x, base, delta, 0, cu, None, None, nw, 1e-5))
 
 
+# ---- group sizes other than 16, and the finish conv's taps (a 4G-row delta_weight)
+
+GROUP_SIZES = [1, 3, 8, 16, 32, 37, 64]  # with C = 37: one channel per tap up to one (partial) group
+
+
+def finish_inputs(rows, channels, group_size, dtype, device, seed=0):
+    """x at scales far from 1 (a missing normalization shows), base, a 4G-row projection and a norm weight."""
+    g = torch.Generator().manual_seed(seed)
+    groups = conv_groups(channels, group_size)
+    x = (torch.randn(rows, channels, generator=g) * torch.logspace(-1, 0.5, rows)[:, None]).to(dtype).to(device)
+    base = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    w = (0.5 / channels**0.5 * torch.randn(4 * groups, channels, generator=g)).to(dtype).to(device)
+    nw = (1 + 0.3 * torch.randn(channels, generator=g)).to(dtype).to(device)
+    return x, base, w, nw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group_size", GROUP_SIZES)
+@pytest.mark.parametrize("taps", ["delta", "delta_weight"])
+@pytest.mark.parametrize("rows", [6, 23])
+def test_conv_group_size_matches_reference(device, dtype, group_size, taps, rows):
+    """Channel c takes tap group c // group_size, G = ceil(C / group_size) (C = 37: never a
+    multiple of the group but for 1 and 37), with given taps and projected ones (6 rows: the CPU
+    taps as dot products; 23: from W^T strips), residual and ragged blocks."""
+    channels = 37
+    x, base, delta, res = conv_inputs(
+        rows, channels, dtype, device, seed=group_size, residual=True, group_size=group_size
+    )
+    groups = conv_groups(channels, group_size)
+    assert delta.shape == (rows, 2, groups)
+    w = (0.2 * torch.randn(2 * groups, channels, generator=torch.Generator().manual_seed(3))).to(dtype).to(device)
+    kw = dict(delta_weight=w) if taps == "delta_weight" else {}
+    d = None if taps == "delta_weight" else delta
+    cu = torch.tensor([0, 2, 2, 5, rows], dtype=torch.int32, device=device)
+    for blocks in [dict(block_size=4), dict(cu_blocks=cu)]:
+        got = flashspark.ops.two_tap_conv(x, base, d, **blocks, residual=res, group_size=group_size, **kw)
+        want = two_tap_conv_reference(x, base, d, **blocks, residual=res, group_size=group_size, **kw)
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+    # The group is read: taps that differ between groups give another output under another group size.
+    if 1 < groups and taps == "delta":
+        other = flashspark.ops.two_tap_conv(x, base, delta.flip(-1), 4, residual=res, group_size=group_size)
+        assert not torch.equal(
+            other, flashspark.ops.two_tap_conv(x, base, delta, 4, residual=res, group_size=group_size)
+        )
+
+
+def test_conv_default_group_size_is_16(device):
+    """Callers that name neither new argument (the drafter passes nine positionally) keep groups of 16."""
+    x, base, _, res = conv_inputs(11, 40, torch.float32, device, seed=2, residual=True)
+    w = 0.2 * torch.randn(6, 40, device=device)
+    nw = torch.rand(40, device=device) + 0.5
+    a = torch.ops.flashspark.two_tap_conv.default(x, base, None, 4, None, res, w, nw, 1e-6)
+    assert torch.equal(a, flashspark.ops.two_tap_conv(x, base, None, 4, None, res, w, nw, 1e-6, 16, None))
+    want = two_tap_conv_reference(x, base, None, 4, residual=res, delta_weight=w, norm_weight=nw)
+    assert torch.equal(want, two_tap_conv_reference(x, base, None, 4, None, res, w, nw, 1e-6, 16))
+    torch.testing.assert_close(a.cpu(), want.cpu(), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_reference_is_the_formula():
+    """The oracle itself, element by element on a small case (group 3, a 4G-row projection, norm)."""
+    rows, channels, group_size = 5, 8, 3
+    groups = conv_groups(channels, group_size)
+    x, base, w, nw = finish_inputs(rows, channels, group_size, torch.float64, "cpu", seed=4)
+    x, base, w, nw = (t.float() for t in (x, base, w, nw))
+    finish = torch.empty(rows, 2, groups)
+    out = two_tap_conv_reference(
+        x, base, None, 2, delta_weight=w, norm_weight=nw, group_size=group_size, finish_delta=finish
+    )
+    xn = nw * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    want = torch.zeros(rows, channels)
+    for t in range(rows):
+        taps = [[float(xn[t] @ w[o * groups + c // group_size]) for c in range(channels)] for o in range(2)]
+        for c in range(channels):
+            want[t, c] = (base[0, c] + taps[0][c]) * xn[t, c]
+            if t % 2:
+                want[t, c] += (base[1, c] + taps[1][c]) * xn[t - 1, c]
+            for o in range(2):
+                for gi in range(groups):
+                    assert math.isclose(
+                        float(finish[t, o, gi]),
+                        float(xn[t] @ w[2 * groups + o * groups + gi]),
+                        rel_tol=1e-5,
+                        abs_tol=1e-5,
+                    )
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    # grouped_taps: channel c takes group c // group_size, and gradients flow back to the groups.
+    d = torch.randn(4, 2, groups, requires_grad=True)
+    spread = grouped_taps(d, group_size, channels)
+    assert torch.equal(spread, d.repeat_interleave(group_size, dim=-1)[..., :channels])
+    spread.sum().backward()
+    assert d.grad[0, 0].tolist() == [3.0, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group_size", [1, 3, 16, 32, 37])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows", [6, 23])
+def test_conv_finish_delta_matches_reference(device, dtype, group_size, norm, rows):
+    """A 4G-row delta_weight: the op writes the finish conv's taps (rows [2G, 4G) of the
+    projection of the same, normalized rows) to finish_delta, its own output unchanged; the
+    finish conv fed finish_delta then equals the reference's two-conv composition."""
+    channels = 37
+    x, base, w, nw = finish_inputs(rows, channels, group_size, dtype, device, seed=group_size + 7 * norm)
+    groups = conv_groups(channels, group_size)
+    norm_kw = dict(norm_weight=nw, norm_eps=1e-5) if norm else {}
+    finish = torch.full((rows, 2, groups), 777.0, dtype=dtype, device=device)
+    got = flashspark.ops.two_tap_conv(
+        x, base, None, 8, delta_weight=w, group_size=group_size, finish_delta=finish, **norm_kw
+    )
+    want_finish = torch.empty_like(finish)
+    want = two_tap_conv_reference(
+        x, base, None, 8, delta_weight=w, group_size=group_size, finish_delta=want_finish, **norm_kw
+    )
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(finish.float().cpu(), want_finish.float().cpu(), atol=TOL[dtype], rtol=TOL[dtype])
+    # The prepare conv's output is the one of the first 2G rows alone, bit for bit.
+    alone = flashspark.ops.two_tap_conv(
+        x, base, None, 8, delta_weight=w[: 2 * groups], group_size=group_size, **norm_kw
+    )
+    assert torch.equal(got, alone)
+    # The finish taps are the projection of the conv's input: (normalized) x @ W[2G:].T.
+    xin = rms_norm(x.float(), nw.float(), 1e-5) if norm else x.float()
+    torch.testing.assert_close(
+        finish.float(), (xin @ w[2 * groups :].float().t()).view(rows, 2, groups), atol=TOL[dtype], rtol=TOL[dtype]
+    )
+    # The sublayer's output y goes through the finish conv with those taps (and the sublayer's residual).
+    g = torch.Generator().manual_seed(9)
+    mix = (torch.randn(channels, channels, generator=g) / channels**0.5).to(dtype).to(device)
+    base2 = torch.randn(2, channels, generator=g).to(dtype).to(device)
+    y = torch.tanh(got.float() @ mix.float()).to(dtype)
+    out = flashspark.ops.two_tap_conv(y, base2, finish, 8, residual=x, group_size=group_size)
+    ref_y = torch.tanh(want.float() @ mix.float()).to(dtype)
+    ref_out = two_tap_conv_reference(ref_y, base2, want_finish, 8, residual=x, group_size=group_size)
+    tol = 2 * TOL[dtype]  # two convs and the sublayer between them, each rounded to dtype
+    torch.testing.assert_close(out.float().cpu(), ref_out.float().cpu(), atol=tol, rtol=tol)
+
+
+def test_conv_finish_delta_shapes_strides_and_blocks(device):
+    """finish_delta follows delta's shape rule ([B, T, 2, G] for x [B, T, C]); x strided,
+    ragged blocks; every entry is written (a stale value never survives)."""
+    x3 = torch.randn(3, 7, 50, device=device)
+    wide = torch.zeros(3, 7, 61, device=device)
+    wide[..., 5:55] = x3
+    group_size, groups = 8, 7
+    w = 0.2 * torch.randn(4 * groups, 50, device=device)
+    nw = torch.rand(50, device=device) + 0.5
+    finish = torch.full((3, 7, 2, groups), float("nan"), device=device)
+    cu = torch.tensor([0, 4, 4, 11, 21], dtype=torch.int32, device=device)
+    got = flashspark.ops.two_tap_conv(
+        wide[..., 5:55], torch.randn(2, 50, device=device), None, 0, cu, None, w, nw, 1e-6, group_size, finish
+    )
+    assert got.shape == (3, 7, 50) and torch.isfinite(finish).all()
+    flat = torch.empty(21, 2, groups, device=device)
+    flashspark.ops.two_tap_conv(
+        x3.reshape(21, 50), torch.randn(2, 50, device=device), None, 7, None, None, w, nw, 1e-6, group_size, flat
+    )
+    assert torch.equal(finish.reshape(21, 2, groups), flat)
+    # no rows: nothing to write, an empty output
+    empty = torch.empty(0, 2, groups, device=device)
+    assert flashspark.ops.two_tap_conv(
+        x3[:0].reshape(0, 50),
+        torch.randn(2, 50, device=device),
+        None,
+        4,
+        delta_weight=w,
+        group_size=group_size,
+        finish_delta=empty,
+    ).shape == (0, 50)
+
+
+def test_conv_group_size_and_finish_opcheck(device):
+    op = torch.ops.flashspark.two_tap_conv.default
+    x, base, delta, res = conv_inputs(10, 20, torch.float32, device, residual=True, group_size=3)
+    torch.library.opcheck(op, (x, base, delta, 4, None, res, None, None, 1e-6, 3))
+    _, _, w, nw = finish_inputs(10, 20, 6, torch.float32, device)
+    finish = torch.empty(10, 2, 4, device=device)
+    torch.library.opcheck(op, (x, base, None, 4, None, res, w, nw, 1e-6, 6, finish))
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32, device=device)
+    status = torch.zeros(1, dtype=torch.int32, device=device)
+    torch.library.opcheck(op, (x, base, None, 0, cu, None, w, None, 1e-6, 6, finish), {"status": status})
+
+
 CONV_BAD = [
     ("x", lambda a: {**a, "x": a["x"].int()}),
     ("x", lambda a: {**a, "x": a["x"][0]}),
@@ -185,6 +374,35 @@ CONV_BAD = [
     ("norm_weight", lambda a: {**a, "norm_weight": torch.ones(2, 20)}),
     ("norm_weight", lambda a: {**a, "norm_weight": torch.ones(20, dtype=torch.float64)}),
     ("norm_eps", lambda a: {**a, "norm_weight": torch.ones(20), "norm_eps": -1.0}),
+    ("'group_size' must lie in", lambda a: {**a, "group_size": 0}),
+    ("'group_size' must lie in", lambda a: {**a, "group_size": -16}),
+    ("'group_size' must lie in", lambda a: {**a, "group_size": 2**31}),
+    ("'group_size' must lie in", lambda a: {**a, "group_size": 2**32 + 16}),  # not narrowed to 16
+    ("'delta'", lambda a: {**a, "group_size": 8}),  # G = 3 now: delta [10, 2, 2] no longer fits
+    (
+        "'delta_weight' must have shape \\[4, 20\\].*or \\[8, 20\\]",
+        lambda a: {**a, "delta": None, "delta_weight": torch.zeros(6, 20)},
+    ),
+    ("'delta_weight'", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(16, 20)}),
+    ("'finish_delta' is required", lambda a: {**a, "delta": None, "delta_weight": torch.zeros(8, 20)}),
+    (
+        "'finish_delta' is written only with",
+        lambda a: {**a, "delta": None, "delta_weight": torch.zeros(4, 20), "finish_delta": torch.zeros(10, 2, 2)},
+    ),
+    ("'finish_delta' is written only with", lambda a: {**a, "finish_delta": torch.zeros(10, 2, 2)}),
+    *[
+        ("'finish_delta'", lambda a, f=f: {**a, "delta": None, "delta_weight": torch.zeros(8, 20), "finish_delta": f})
+        for f in [
+            torch.zeros(9, 2, 2),
+            torch.zeros(10, 2, 3),
+            torch.zeros(10, 4),
+            torch.zeros(20, 2),
+            torch.zeros(10, 2, 2, dtype=torch.float64),
+            torch.zeros(10, 2, 2, dtype=torch.bfloat16),
+            torch.zeros(10, 2, 4)[..., ::2],  # not contiguous
+            torch.zeros(1, 2, 2).expand(10, 2, 2),  # overlapping itself
+        ]
+    ],
 ]
 
 
@@ -202,6 +420,8 @@ def test_conv_bad_inputs(name, change):
             delta_weight=None,
             norm_weight=None,
             norm_eps=1e-6,
+            group_size=16,
+            finish_delta=None,
         )
     )
     with pytest.raises(RuntimeError, match=name):
@@ -388,6 +608,36 @@ def test_path_fused_g_matches_reference(device, mode, dtype, positions):
         g_weight=torch.zeros_like(w_h),
     )
     assert not torch.allclose(zero[2], got[2])
+
+
+@pytest.mark.parametrize("mode", ["backtrack", "greedy", "sample"])
+@pytest.mark.parametrize("fused_g", [False, True])
+def test_path_no_positions_matches_reference(device, mode, fused_g):
+    """P = 0: the op and its reference both return empty outputs of the same shapes and dtypes."""
+    cand, unary, a_emb, b_emb, g, anchor = path_inputs(3, 2, 4, device=device, seed=5)
+    cand, unary, g = cand[:, :0], unary[:, :0], g[:, :0]
+    extra = dict(
+        temperature=torch.full((3,), 0.7, device=device),
+        seeds=torch.arange(3, dtype=torch.int64, device=device),
+        offsets=torch.zeros(3, dtype=torch.int64, device=device),
+    )
+    hidden, w_h = torch.randn(3, 0, 10, device=device), torch.randn(8, 10, device=device)
+    given = dict(g=None, hidden=hidden, g_weight=w_h) if fused_g else dict(g=g)
+    got = flashspark.ops.path_select(cand, unary, a_emb, b_emb, given.pop("g"), anchor, mode=mode, **extra, **given)
+    want = path_select_reference(
+        cand,
+        unary,
+        a_emb,
+        b_emb,
+        None if fused_g else g,
+        anchor,
+        mode,
+        *extra.values(),
+        hidden if fused_g else None,
+        w_h if fused_g else None,
+    )
+    for a, b, shape in zip(got, want, [(3, 0), (3, 0), (3, 0, 4), (3, 0, 4)]):
+        assert a.shape == b.shape == shape and a.dtype == b.dtype and a.device == b.device
 
 
 def test_greedy_equals_backtrack_without_pair_terms(device):

@@ -85,7 +85,7 @@ def test_derived_drafters_start_from_the_dflash_run(dflash_run, tmp_path, args_c
     root, base = dflash_run
     # DSpark with the Top-K bound of the TV (the exact TV, DeepSpec's, is the default)
     extra = (
-        dict(selector_topk=4, selector_rank=8)
+        dict(selector_top_k=4, selector_rank=8)
         if args_cls is DFlash2TrainArgs
         else dict(calib_sequences=4, exact_tv=False)
     )

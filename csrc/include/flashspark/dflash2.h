@@ -12,24 +12,30 @@
 namespace flashspark {
 
 // ---- two_tap_conv ---------------------------------------------------------------
-//   out[t, c] = (base[0, c] + delta[t, 0, c / 16]) * x[t, c]
-//             + (base[1, c] + delta[t, 1, c / 16]) * x[t - 1, c]    (0 at a block start)
+//   out[t, c] = (base[0, c] + delta[t, 0, c / S]) * x[t, c]
+//             + (base[1, c] + delta[t, 1, c / S]) * x[t - 1, c]    (0 at a block start)
 //             (+ residual[t, c])
-// with delta either given or computed in the op from a projection weight W [2G, C]:
+// with S channels per dynamic tap (group_size, 16 by default; G = ceil(C / S) groups) and
+// delta either given or computed in the op from a projection weight W [2G, C]:
 //   delta[t, i] = sum_c x[t, c] * W[i, c]   (fp32, the "dynamic" half of the conv fused in)
 // With a norm weight w, x is first RMS-normalized in fp32 (the "prepare" conv fused with
 // the sublayer's norm): x[t, c] -> w[c] * (x[t, c] * rms_inv(row t)), in the taps too.
+// A W of 4G rows also projects rows [2G, 4G) from the same (normalized) rows: the taps of
+// the sublayer's "finish" conv (one kernel projection for both convs, as z-lab's DFlash 2
+// computes them from the prepare conv's input), written rounded to T into finish_delta for
+// the finish conv to take as its delta; the prepare conv's own output is unchanged.
 
-constexpr int32_t kConvGroup = 16;  // channels sharing one dynamic tap
+constexpr int32_t kConvGroup = 16;  // default channels sharing one dynamic tap
 
 template <class T>
 struct TwoTapParams {
   const T* x = nullptr;  // [N, C] rows of stride x_stride
   int64_t x_stride = 0;
   const T* base = nullptr;          // [2, C] contiguous
-  const T* delta = nullptr;         // [N, 2, G] contiguous, G = ceil(C / 16); or null with delta_weight
-  const T* delta_weight = nullptr;  // [2G, C] contiguous: delta computed in the op into delta_ws
+  const T* delta = nullptr;         // [N, 2, G] contiguous; or null with delta_weight
+  const T* delta_weight = nullptr;  // [2G, C] or [4G, C] (with finish_delta) contiguous: delta computed in the op
   float* delta_ws = nullptr;        // [N, 2G] fp32 taps computed from delta_weight (CUDA: between its two kernels)
+  T* finish_delta = nullptr;        // [N, 2, G] contiguous: rows [2G, 4G) of the projection (4G-row weight only)
   const T* residual = nullptr;      // [N, C] rows of stride res_stride, or null
   int64_t res_stride = 0;
   const T* norm_weight = nullptr;  // [C]: RMSNorm x first (or null)
@@ -39,11 +45,14 @@ struct TwoTapParams {
   const int32_t* cu_blocks = nullptr;  // [num_blocks + 1] row offsets, or null: blocks of block_size rows
   int32_t num_blocks = 0;
   int32_t block_size = 0;
+  int32_t group_size = kConvGroup;  // S >= 1 channels per dynamic tap
   int64_t rows = 0;
   int32_t channels = 0;
   int32_t* status = nullptr;  // [1] Status of the call (CUDA: always given with cu_blocks), or null
 
-  FS_HOST_DEVICE int32_t groups() const { return int32_t(ceil_div(channels, kConvGroup)); }
+  FS_HOST_DEVICE int32_t groups() const { return int32_t(ceil_div(channels, group_size)); }
+  // Rows of delta_weight: the conv's 2G taps, then the finish conv's 2G with finish_delta.
+  FS_HOST_DEVICE int32_t projected_taps() const { return (finish_delta ? 4 : 2) * groups(); }
 };
 
 // Ragged block offsets must start at 0, never decrease, and end at the row count;

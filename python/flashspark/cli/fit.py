@@ -43,6 +43,12 @@ def add_calibration_run_args(p, temperatures_help: str) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help=temperatures_help)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="the target's dtype (default: its CPU dtype; float32 where bf16 matmuls are slow)",
+    )
 
 
 def add_fit_prior(sub) -> None:
@@ -90,7 +96,7 @@ def fit_setup(args, method: str, drafter_dir: str | None):
     ref = catalog.resolve_target(args.model)
     directory = Path(drafter_dir) if drafter_dir else catalog.drafter_dir(method, ref)
     prompts = calibration_prompts(args.prompts, args.prompt_tokens, ref)
-    target = catalog.load_target(ref)
+    target = catalog.load_target(ref, dtype=getattr(torch, args.dtype) if args.dtype else None)
     # The tiny target's shipped fits decoded without a stop token; an instruct target stops at its EOS.
     tiny = ref.known is catalog.TARGETS[catalog.DEFAULT_TARGET]
     eos = None if tiny else catalog.eos_token_id(target, catalog.target_tokenizer(ref))

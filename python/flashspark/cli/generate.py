@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 
 from ..decoding.plain import encode_prompts, generate
-from ..methods import ADMISSIONS, DRAFTERS, SCHEDULERS, MethodSpec, make_decoder
+from ..methods import ADMISSIONS, DRAFTERS, SCHEDULERS, MethodSpec, make_decoder, method_of_drafter
 from ..models import catalog
+from ..models.dflash import DRAFT_CONFIG_KEY
 from ..models.dflash2 import PATH_MODES
 from ..models.dspark import ARCHITECTURE as DSPARK_ARCHITECTURE
+from ..models.io import has_weights
 from .common import load_tokenizer, read_prompts
 
 GENERATE_METHODS = ["ar", *DRAFTERS]
@@ -29,7 +31,12 @@ SPEC_METHODS = list(DRAFTERS)
 
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text from prompts")
-    p.add_argument("--method", choices=GENERATE_METHODS, default="ar", help="decoding method (default %(default)s)")
+    p.add_argument(
+        "--method",
+        choices=GENERATE_METHODS,
+        default=None,
+        help="decoding method (default: the drafter's, from its config.json's architectures, with --drafter; else ar)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text; \\n, \\t and \\\\ stand for newline, tab, backslash")
     src.add_argument("--prompts-file", help="file with one prompt per line, same escapes as --prompt")
@@ -110,6 +117,8 @@ def chat_template_for(args, target: catalog.TargetRef):
 
 
 def run_generate(args) -> int:
+    if args.method is None:
+        args.method = method_of_drafter(args.drafter) if args.drafter else "ar"
     if args.method != "ar":
         return run_generate_spec(args, args.method)
     run = Run(args)
@@ -158,7 +167,7 @@ def add_generate_spec_args(p) -> None:
         choices=PATH_MODES,
         default="auto",
         help="DFlash 2 path mode; sample paths are verified with their sparse q (default %(default)s: "
-        "backtrack at temperature 0, sample above)",
+        "greedy at temperature 0, the reference's path; sample above)",
     )
     p.add_argument(
         "--delay", type=int, default=0, help="confidence scheduler: use confidences this many steps old (engines use 2)"
@@ -189,7 +198,7 @@ def check_generate_spec_args(args, method: str, target: catalog.TargetRef) -> No
         path = Path(args.drafter)
     else:
         path = catalog.drafter_dir(method, target)
-        if not (path / "model.safetensors").is_file():
+        if not has_weights(path):
             raise FileNotFoundError(
                 f"no {method} drafter for {target.label} at {path} (drafters fit one target only): train it "
                 f"with `{catalog.train_hint(method, target.known)}`, or pass --drafter DIR"
@@ -206,6 +215,7 @@ def drafter_num_drafts(path) -> int | None:
 
     try:
         d = json.loads((path / "config.json").read_text())
+        d = {**d, **d.get(DRAFT_CONFIG_KEY, {})}  # z-lab's format nests the drafter's keys
         # DeepSpec's configs name no layout: theirs drafts from the anchor.
         from_anchor = d.get("sample_from_anchor", DSPARK_ARCHITECTURE in (d.get("architectures") or []))
         return int(d["block_size"]) - (0 if from_anchor else 1)

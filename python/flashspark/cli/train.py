@@ -5,7 +5,7 @@ straight into its args dataclass (every option's dest is the field it sets).
 path. For a known target other than tiny the run's defaults follow it: `--out
 runs/<target>/<what>`, `--export` its drafter directory (`assets/<target>/<what>`, never the
 tiny target's), the data of `train data` in `runs/<target>/data` (held-out and calibration sets
-beside it), and DFlash 2 and DSpark trained on top of its DFlash backbone (`--share-backbone`).
+beside it), and DFlash 2 trained on top of its DFlash backbone, frozen (`--share-backbone`).
 For a target given by path, --export must be given."""
 
 from __future__ import annotations
@@ -116,15 +116,15 @@ def add_derived_options(p, d) -> None:
         "--share-backbone",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="freeze --init-from's backbone, train only this drafter's parts and export only them "
-        "(default: on for a known target other than tiny)",
+        help="freeze --init-from's backbone and train only this drafter's parts (the export holds the "
+        "whole drafter, as its authors' format does) (default: on for DFlash 2 on a known target other than tiny)",
     )
 
 
 def add_dflash2_options(p, d: DFlash2TrainArgs) -> None:
     add_derived_options(p, d)
     p.add_argument("--selector-rank", type=int, default=d.selector_rank)
-    p.add_argument("--selector-topk", type=int, default=d.selector_topk)
+    p.add_argument("--selector-top-k", type=int, default=d.selector_top_k)
     p.add_argument("--selector-weight", type=float, default=d.selector_weight)
     p.add_argument("--path-mode", choices=["backtrack", "greedy"], default=d.path_mode)
 
@@ -171,6 +171,12 @@ def add_data_options(p, d: DataArgs) -> None:
     p.add_argument("--max-prompts", type=int, default=d.max_prompts, help="prompts per kind (0: all)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy continuations")
     p.add_argument("--top-k", type=int, default=d.top_k, help="the target's Top-K kept per position")
+    p.add_argument(
+        "--dtype",
+        choices=["", "float32", "bfloat16"],
+        default=d.dtype,
+        help="the target's dtype while generating (default: its CPU dtype; float32 where bf16 matmuls are slow)",
+    )
 
 
 # name: (args dataclass, its options, the trainer, help). A new trainer is one line here.

@@ -79,16 +79,22 @@ def speculative_generate(
     slots = rows_b.repeat_interleave(K + 1)
     stats.tick("prefill")
 
-    while bool(active.any()):
+    while (left := int(torch.where(active, max_new_tokens - n_out, 0).max())) > 0:
         # 2. Draft a block [anchor, MASK...] at positions lens .. lens + g - 1, unless the
-        #    scheduler expects a plain decode step to be faster now (then verify 0 drafts).
+        #    scheduler expects a plain decode step to be faster now (then verify 0 drafts). Near
+        #    max_new_tokens the block is shorter, no more drafts than any request still wants
+        #    (the reference does the same: its drafts there are its shorter block's).
         if drafted := scheduler.wants_draft(active):
-            block = drafter.propose(dcache, anchor, lens, temp, seeds, offsets, path, want_signals)
+            width = min(n, left)
+            block = drafter.propose(dcache, anchor, lens, temp, seeds, offsets, path, want_signals, num_drafts=width)
+            block = widen(block, n) if width < n else block
             stats.tick("draft")
-            # 3. How many drafts each request verifies (0 for finished requests).
+            # 3. How many drafts each request verifies (0 for finished requests), never past
+            #    its max_new_tokens (what depends on counts only leaves verify lossless).
             k_b = scheduler.plan(
                 ScheduleState(active, lens, block.tokens, block.logits, block.confidence, block.signals)
             )
+            k_b = torch.minimum(k_b, (max_new_tokens - n_out).clamp(min=0)) if width < n else k_b
         else:
             block, k_b = DraftBlock(anchor.new_zeros(B, n)), torch.zeros_like(lens)
         stats.tick("schedule")
@@ -148,6 +154,20 @@ def prefill(target, drafter, prompts, room: int, temp, seeds):
         dcache, out.hidden.flatten(0, 1), torch.arange(P, device=device).repeat(B), rows.repeat_interleave(P)
     )
     return tcache, dcache, lens, anchor[:, 0]
+
+
+def widen(block: DraftBlock, n: int) -> DraftBlock:
+    """A shorter block padded with zero columns to n drafts (the loop's fixed width; the padding
+    is never verified: k_b stays within the drafts a request still wants)."""
+
+    def pad(x):
+        if x is None:
+            return None
+        shape = list(x.shape)
+        shape[1] = n - shape[1]
+        return torch.cat((x, x.new_zeros(shape)), 1)
+
+    return DraftBlock(*(pad(x) for x in block))
 
 
 def emit(out_buf, n_out, active, vtokens, n_acc, live, eos_id, max_new_tokens):

@@ -28,21 +28,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import ops, reference
 from ..ops.sampling import PURPOSE_DRAFT, sample_logits
-from .config import DecoderConfig
+from .config import DecoderConfig, check_supported
 from .decoder import Attention, DecoderForCausalLM, DecoderLayer, RMSNorm, apply_rope, init_gpt2_
 from .drafter import DraftBlock
+from .io import load_state_dict
 
 WEIGHTS_NAME = "model.safetensors"
 
@@ -60,27 +60,38 @@ def target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]
 
 
 TARGET_ONLY_KEYS = ("tie_word_embeddings", "bos_token_id", "eos_token_id")
+# z-lab's config.json is a Qwen3 config whose `architectures` names the drafter class; the
+# drafter's own keys sit in a `dflash_config` dict, read before the top level (the reference's
+# `_draft_value` does so), so both spellings load.
+DRAFT_CONFIG_KEY = "dflash_config"
+DFLASH_KEYS = ("block_size", "mask_token_id", "target_layer_ids")
+# Optional keys, written only when they differ from the default the reference assumes.
+DFLASH_OPTIONAL = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
 
 
 @dataclass
 class DFlashConfig(DecoderConfig):
     """A drafter's config: the Qwen3 layer shape it inherits (at the target's widths, with its
     own number of layers) plus the block size γ, the target layers it reads, and the mask token.
-    Its layers are Qwen3 layers whatever the target's family (DRAFTER_SHARED_FIELDS says why)."""
+    Its layers are Qwen3 layers whatever the target's family (DRAFTER_SHARED_FIELDS says why).
+
+    On disk it is z-lab's format (`to_json`, `from_file`): what their `dflash` package and the
+    engines that load their checkpoints read."""
 
     num_hidden_layers: int = 2
     block_size: int = 8  # gamma
     target_layer_ids: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     mask_token_id: int = 1
-    # A DFlash drafter directory, relative to this one, whose weights are this drafter's backbone
-    # (DFlash 2 and DSpark drafters trained on top of one shared backbone): this drafter's own
-    # file then holds only what it adds. "" = its file holds everything.
-    backbone: str = ""
+    num_target_layers: int | None = None  # the target's depth (the reference requires the key)
+    input_embedding_scale: float = 1.0  # the block's token embeddings are scaled by it
+    output_multiplier: float = 1.0  # draft logits are scaled by it ...
+    final_logit_softcapping: float | None = None  # ... then soft-capped: c · tanh(logits / c)
     architectures: list[str] = field(default_factory=lambda: ["DFlashDraftModel"])
-    model_type: str = "dflash"
+    model_type: str = "qwen3"
+    KIND: ClassVar[str] = "DFlash"  # the method's name in messages
 
     def check_family(self) -> None:
-        # model_type names the drafter (from_file checks it); the layers are layer_config()'s.
+        # The layers are layer_config()'s Qwen3 layers; `architectures` names the drafter.
         if self.attention_bias or self.mlp_bias:
             raise ValueError("a drafter's Qwen3 layers have no biases (attention_bias and mlp_bias must be false)")
 
@@ -90,6 +101,8 @@ class DFlashConfig(DecoderConfig):
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
+        if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
+            self.final_logit_softcapping = None  # the reference applies it only when positive
 
     @classmethod
     def for_target(
@@ -107,6 +120,7 @@ class DFlashConfig(DecoderConfig):
         shared = target.drafter_shared()
         if intermediate_size:
             shared["intermediate_size"] = intermediate_size
+        kw.setdefault("num_target_layers", target.num_hidden_layers)
         return cls(
             **shared,
             num_hidden_layers=num_hidden_layers,
@@ -115,6 +129,11 @@ class DFlashConfig(DecoderConfig):
             target_layer_ids=target_layer_ids(target.num_hidden_layers, num_features),
             **kw,
         )
+
+    @property
+    def architecture(self) -> str:
+        """The class name config.json's `architectures` gives this drafter."""
+        return type(self).__dataclass_fields__["architectures"].default_factory()[0]
 
     @property
     def first_draft_slot(self) -> int:
@@ -135,10 +154,33 @@ class DFlashConfig(DecoderConfig):
         }
         return DecoderConfig(**d, model_type="qwen3")
 
+    def qwen3_json(self) -> dict:
+        """The Qwen3 part of config.json: the layers' keys as Hugging Face's Qwen3Config spells them."""
+        d = dataclasses.asdict(self.layer_config())
+        for key in TARGET_ONLY_KEYS + ("mlp_bias",):
+            d.pop(key, None)
+        return d | {
+            "model_type": "qwen3",
+            "architectures": [self.architecture],
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "num_target_layers": self.num_target_layers,
+        }
+
+    def draft_keys(self) -> dict:
+        """The drafter's own keys (`dflash_config`)."""
+        d = {k: getattr(self, k) for k in DFLASH_KEYS}
+        d.update({k: getattr(self, k) for k, default in DFLASH_OPTIONAL.items() if getattr(self, k) != default})
+        return d
+
+    def to_json(self) -> dict:
+        if self.num_target_layers is None:
+            raise ValueError("num_target_layers is unset: z-lab's format records the target's depth")
+        return self.qwen3_json() | {DRAFT_CONFIG_KEY: self.draft_keys()}
+
     def save(self, path: str | Path) -> None:
-        # A drafter shares the target's embedding and head: the target-only keys are not its own.
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in TARGET_ONLY_KEYS}
-        Path(path).write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
 
     @staticmethod
     def read_json(path: str | Path) -> tuple[Path, dict]:
@@ -148,19 +190,69 @@ class DFlashConfig(DecoderConfig):
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"drafter config {path} not found")
-        return path, json.loads(path.read_text())
+        try:
+            return path, json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"drafter config {path} is not valid JSON: {e}") from None
 
     @classmethod
     def from_file(cls, path: str | Path):
-        """Config of this class from config.json, checking its model_type (subclasses inherit this)."""
+        """Config of this class from a config.json in z-lab's format (subclasses inherit this):
+        its `architectures` must name this drafter class."""
         path, d = cls.read_json(path)
-        want = cls.__dataclass_fields__["model_type"].default
-        if d.get("model_type") != want:
-            if want == "dflash":
-                raise ValueError(f"{path} is not a DFlash drafter config (model_type {d.get('model_type')!r})")
-            raise ValueError(f"{path} is not a {want} drafter config (model_type {d.get('model_type')!r})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        want = cls.__dataclass_fields__["architectures"].default_factory()[0]
+        if want not in (d.get("architectures") or []):
+            raise ValueError(
+                f"{path} is not a {cls.KIND} drafter config (architectures {d.get('architectures')!r}, model_type "
+                f"{d.get('model_type')!r}; in its authors' format a {cls.KIND} drafter's names {want!r})"
+            )
+        return cls.from_json(d, path)
+
+    @classmethod
+    def from_json(cls, d: dict, path) -> "DFlashConfig":
+        """The config of a drafter's config.json keys: `dflash_config` over the top level, the
+        reference's defaults for absent keys, and a clear error for every feature flashspark's
+        drafter layers lack (module docstring of flashspark.models.dflash)."""
+        d = {**d, **(d.get(DRAFT_CONFIG_KEY) or {})}
+        try:
+            check_supported(d)
+            if d.get("is_causal"):
+                raise ValueError(
+                    "is_causal=true (causal block attention) is not supported: flashspark's block attention is "
+                    "bidirectional within the block, as the reference's full_attention layers are"
+                )
+            if d.get("attention_bias"):
+                raise ValueError("attention_bias=true is not supported (the drafter's Qwen3 layers have none)")
+            if d.get("mask_token_id") is None:
+                raise ValueError("mask_token_id is missing")
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        if d.get("head_dim") is None:
+            d["head_dim"] = 128  # Hugging Face's Qwen3 default
+        if d.get("rope_theta") is None and isinstance(d.get("rope_parameters"), dict):
+            d["rope_theta"] = d["rope_parameters"].get("rope_theta", 10000.0)
+        if d.get("num_key_value_heads") is None and "num_attention_heads" in d:
+            d["num_key_value_heads"] = d["num_attention_heads"]
+        if d.get("torch_dtype") is None and d.get("dtype") is not None:
+            d["torch_dtype"] = d["dtype"]
+        d.setdefault("block_size", 16)  # the reference's default
+        if d.get("target_layer_ids") is None:
+            if d.get("num_target_layers") is None:
+                raise ValueError(f"{path}: neither target_layer_ids nor num_target_layers is given")
+            d["target_layer_ids"] = reference_layer_ids(d["num_target_layers"], d.get("num_hidden_layers", 1))
+        names = {f.name for f in dataclasses.fields(cls)} - {"architectures", "model_type", "tie_word_embeddings"}
+        try:
+            return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def reference_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference's feature layers when config.json names none: one per drafter layer,
+    spread from the 2nd to the 3rd-from-last target layer (the middle one for one layer)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    return target_layer_ids(num_target_layers, num_draft_layers)
 
 
 class DFlashCache(NamedTuple):
@@ -271,13 +363,31 @@ class DFlashDrafter(nn.Module):
             )
         return self._rope[0][positions], self._rope[1][positions]
 
-    def _block_embeddings(self, anchor: torch.Tensor) -> torch.Tensor:
-        g = self.config.block_size
-        tokens = torch.full((anchor.shape[0], g), self.config.mask_token_id, dtype=torch.long, device=anchor.device)
+    def embed(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The block's input: the target's embeddings of `tokens`, times `input_embedding_scale`."""
+        x = F.embedding(tokens, self.embed_weight).to(dtype)
+        scale = self.config.input_embedding_scale
+        return x if scale == 1.0 else x * scale
+
+    def _block_embeddings(self, anchor: torch.Tensor, block_size: int) -> torch.Tensor:
+        tokens = torch.full(
+            (anchor.shape[0], block_size), self.config.mask_token_id, dtype=torch.long, device=anchor.device
+        )
         tokens[:, 0] = anchor
-        return F.embedding(tokens, self.embed_weight).to(self.fc.weight.dtype)
+        return self.embed(tokens, self.fc.weight.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V] fp32 of final-normed block states: the shared LM head, then
+        `output_multiplier` and `final_logit_softcapping` where the config sets them."""
+        out = self.head_logits(hidden)
+        c = self.config
+        if c.output_multiplier != 1.0:
+            out = out * c.output_multiplier
+        if c.final_logit_softcapping is not None:
+            out = torch.tanh(out / c.final_logit_softcapping) * c.final_logit_softcapping
+        return out
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Shared LM head on final-normed block states, fp32 logits.
 
         With `head_dtype` set (and no gradient wanted) the head runs in that dtype: on a CPU
@@ -308,22 +418,32 @@ class DFlashDrafter(nn.Module):
         B, S = target_hidden.shape[:2]
         ctx = self.context_features(target_hidden)
         ctx_cos, ctx_sin = self._cos_sin(torch.arange(S, device=ctx.device)[None].expand(B, S), ctx.dtype)
-        x = F.embedding(block_tokens, self.embed_weight).to(ctx.dtype)
+        x = self.embed(block_tokens, ctx.dtype)
         cos, sin = self._cos_sin(block_positions, x.dtype)
         attn_mask = mask[:, None]
         for layer in self.layers:
             attn = layer.self_attn
-            q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
-            kc, vc = attn.project_context(ctx)
-            kc = apply_rope(attn.k_norm(kc), ctx_cos, ctx_sin)
-            k = torch.cat((kc, kb), 1).transpose(1, 2)
-            v = torch.cat((vc, vb), 1).transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k, v, attn_mask=attn_mask, enable_gqa=attn.num_heads != attn.num_kv_heads
-            )
-            x = self.add_sublayer(x, attn.o_proj, out.transpose(1, 2).flatten(2))
-            x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
+
+            def attend(h, attn=attn):
+                q, kb, vb = attn.project_block(h, cos, sin)
+                kc, vc = attn.project_context(ctx)
+                kc = apply_rope(attn.k_norm(kc), ctx_cos, ctx_sin)
+                k = torch.cat((kc, kb), 1).transpose(1, 2)
+                v = torch.cat((vc, vb), 1).transpose(1, 2)
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k, v, attn_mask=attn_mask, enable_gqa=attn.num_heads != attn.num_kv_heads
+                )
+                return out.transpose(1, 2).flatten(2)
+
+            x = self.layer_forward(layer, x, attend, self.config.block_size)
         return self.norm(x)
+
+    def layer_forward(self, layer: DFlashDecoderLayer, x: torch.Tensor, attend, block_size: int) -> torch.Tensor:
+        """One drafter layer on block rows x [..., rows, D] (whole blocks of `block_size` rows):
+        `attend(h)` is the attention of normalized rows h before o_proj (the two forms differ
+        only there). DFlash 2 overrides it to wrap both sublayers in its convs."""
+        x = x + layer.self_attn.o_proj(attend(layer.input_layernorm(x)))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     # ----------------------------------------------------------- inference form
     def new_cache(self, batch_size: int, max_len: int, dtype=None, device=None) -> DFlashCache:
@@ -360,49 +480,67 @@ class DFlashDrafter(nn.Module):
                 cache.k[i][slots.long(), :, positions] = k.to(cache.k.dtype)
                 cache.v[i][slots.long(), :, positions] = v.to(cache.v.dtype)
 
-    def draft_hidden(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """Final-normed states [B, gamma, D] of the blocks [anchor, MASK...] at positions ctx_lens + j."""
-        g = self.config.block_size
-        x = self._block_embeddings(anchor)
+    def draft_hidden(
+        self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, block_size: int | None = None
+    ) -> torch.Tensor:
+        """Final-normed states [B, g, D] of the blocks [anchor, MASK...] at positions ctx_lens + j,
+        g = `block_size` (default γ; shorter near the end of a request, as the reference drafts)."""
+        g = block_size or self.config.block_size
+        x = self._block_embeddings(anchor, g)
         cos, sin = self._cos_sin(ctx_lens.to(torch.int64)[:, None] + torch.arange(g, device=x.device), x.dtype)
         ctx_lens32 = ctx_lens.to(torch.int32)
-        attend = block_diffusion_attention if self.use_ops else block_attention_sdpa
+        attention = block_diffusion_attention if self.use_ops else block_attention_sdpa
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, kb, vb = attn.project_block(layer.input_layernorm(x), cos, sin)
-            out = attend(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim**-0.5)
-            x = self.add_sublayer(x, attn.o_proj, out.flatten(2))
-            x = self.add_sublayer(x, layer.mlp, layer.post_attention_layernorm(x))
+
+            def attend(h, attn=attn, i=i):
+                q, kb, vb = attn.project_block(h, cos, sin)
+                return attention(q, cache.k[i], cache.v[i], ctx_lens32, kb, vb, attn.head_dim**-0.5).flatten(2)
+
+            x = self.layer_forward(layer, x, attend, g)
         return self.norm(x)
 
-    @staticmethod
-    def add_sublayer(x: torch.Tensor, sublayer: nn.Module, inp: torch.Tensor) -> torch.Tensor:
-        """The residual stream after a sublayer: x + sublayer(inp) (DFlash 2 fuses the add)."""
-        return x + sublayer(inp)
+    def draft_states(
+        self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, num_drafts: int | None = None
+    ) -> torch.Tensor:
+        """Final-normed states [B, n, D] of the slots that draft, n = `num_drafts` (default
+        all of the block's): draft j (1-based) predicts the token at ctx_len + j."""
+        first = self.config.first_draft_slot
+        n = num_drafts or self.num_drafts
+        return self.draft_hidden(cache, anchor, ctx_lens, first + n)[:, first:]
 
-    def draft_states(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """Final-normed states [B, num_drafts, D] of the slots that draft: draft j (1-based)
-        predicts the token at ctx_len + j."""
-        return self.draft_hidden(cache, anchor, ctx_lens)[:, self.config.first_draft_slot :]
+    def draft_logits(
+        self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor, num_drafts: int | None = None
+    ) -> torch.Tensor:
+        """[B, n, V] float32 logits of the drafting slots."""
+        return self.logits(self.draft_states(cache, anchor, ctx_lens, num_drafts))
 
-    def draft_logits(self, cache: DFlashCache, anchor: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """[B, num_drafts, V] float32 logits of the drafting slots."""
-        return self.logits(self.draft_states(cache, anchor, ctx_lens))
-
-    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
-        """Draft num_drafts tokens per request after `anchor`, drawing at Philox positions offsets + 0, 1, ....
+    def propose(
+        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+    ) -> DraftBlock:
+        """Draft n = `num_drafts` (default all) tokens per request after `anchor`, drawing at
+        Philox positions offsets + 0, 1, ....
 
         DFlash: one parallel pass, each position sampled from its own logits (q dense). Any
         DFlash-shaped drafter runs it (a DFlash 2 drafter: its backbone with DFlash's head).
-        `path` and `signals` are DFlash 2's; other drafters ignore them.
+        `path` and `signals` are DFlash 2's; other drafters ignore them. A block of fewer
+        drafts is shorter (fewer mask slots), as the reference drafts near max_new_tokens.
         """
-        logits = self.draft_logits(cache, anchor, ctx_lens)
-        positions = offsets[:, None] + torch.arange(self.num_drafts, device=anchor.device)
+        logits = self.draft_logits(cache, anchor, ctx_lens, num_drafts)
+        positions = offsets[:, None] + torch.arange(logits.shape[1], device=anchor.device)
         tokens, q = sample_logits(logits, temperature, seeds, positions, PURPOSE_DRAFT, want_probs=True)
         return DraftBlock(tokens, q, logits=logits)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # Checkpoint names: the module names are the reference's; a subclass maps the few it stores
+    # otherwise (DFlash 2's codebooks).
+    def saved_name(self, name: str) -> str:
+        return name
+
+    def loaded_name(self, name: str) -> str:
+        return name
 
 
 def block_attention_sdpa(q, k_cache, v_cache, ctx_lens, k_block, v_block, scale):
@@ -450,52 +588,45 @@ def packed_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, 
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash(
-    drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, backbone: str | Path | None = None
-) -> None:
-    """config.json + model.safetensors holding only the drafter's own weights; with `backbone`
-    (a DFlash drafter directory holding this drafter's backbone, e.g. the one it was trained on
-    top of), only the tensors the backbone lacks, the backbone named relative to `path`."""
+def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """config.json + model.safetensors in z-lab's format: every tensor of the drafter (not the
+    target's embedding and head), named as their `dflash` package names them, so the directory
+    loads in their code and in the engines that load their checkpoints."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
-    cfg = dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch."), backbone="")
-    if backbone is not None:
-        shared = load_file(str(Path(backbone) / WEIGHTS_NAME))
-        for n, t in shared.items():
-            if n not in state or not torch.equal(state[n], t.to(dtype)):
-                raise ValueError(f"the backbone {backbone} does not hold this drafter's {n}: it was not trained on it")
-        state = {n: t for n, t in state.items() if n not in shared}
-        cfg.backbone = os.path.relpath(Path(backbone).resolve(), path.resolve())
-    cfg.save(path / "config.json")
+    state = {drafter.saved_name(n): t for n, t in state.items()}
+    dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch.")).save(path / "config.json")
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
 
 
 def load_drafter(
     path: str | Path, target: DecoderForCausalLM, drafter_cls, config_cls, dtype=None, use_ops: bool = True
 ):
-    """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory,
-    attached to `target` (dtype and device follow the target by default)."""
+    """A drafter of class `drafter_cls` (DFlash or a subclass) from a directory in its authors'
+    format (one model.safetensors, or shards listed in model.safetensors.index.json), attached
+    to `target` (dtype and device follow the target by default)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"drafter directory {path} not found")
     config = config_cls.from_file(path)
-    weights = path / WEIGHTS_NAME
-    if not weights.is_file():
-        raise FileNotFoundError(f"drafter weights {weights} not found")
     drafter = drafter_cls(config, use_ops=use_ops)
-    state = {}
-    if config.backbone:
-        shared = path / config.backbone / WEIGHTS_NAME
-        if not shared.is_file():
-            raise FileNotFoundError(f"drafter {path} is trained on the backbone {path / config.backbone}, not found")
-        state = load_file(str(shared))
-    state.update(load_file(str(weights)))
+    try:
+        state = load_state_dict(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"drafter weights (*.safetensors) not found in {path}") from None
+    state = {drafter.loaded_name(n): t for n, t in state.items()}
     take_target_tensors(state, target, path)
     want = drafter.state_dict()
     missing = sorted(set(want) - set(state))
     if missing:
         raise ValueError(f"drafter checkpoint {path} is missing tensors: {', '.join(missing[:5])}")
+    unexpected = sorted(set(state) - set(want))
+    if unexpected:
+        raise ValueError(
+            f"drafter checkpoint {path} has tensors a {config.architecture} of this config lacks: "
+            f"{', '.join(unexpected[:5])}"
+        )
     for n, t in want.items():
         if tuple(state[n].shape) != tuple(t.shape):
             raise ValueError(f"tensor {n} has shape {tuple(state[n].shape)} but config.json implies {tuple(t.shape)}")

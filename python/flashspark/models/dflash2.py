@@ -1,164 +1,170 @@
-"""DFlash 2 drafter: the DFlash backbone with two-tap dynamic convs, plus a path selector.
+"""DFlash 2 drafter: the DFlash backbone with grouped dynamic convs, plus a candidate selector,
+the function of z-lab's reference (`dflash` 0.1.0, `DFlash2DraftModel`) and its checkpoints.
 
-Two patches on DFlash (docs/dflash2_dspark.md, "DFlash 2 drafter"):
+* **Grouped dynamic causal convs** around every attention and MLP sublayer (`attention_conv`,
+  `mlp_conv`: `base_kernel` [2, 2, D] and `kernel_projection` Linear(D → 2·2·G), G = D / group).
+  One projection of the *prepare* conv's input h (the sublayer's normalized input) gives the
+  dynamic taps of both convs: ``δ = kernel_projection(h)`` viewed [2 (prepare, finish), 2
+  (taps), G]. The prepare conv runs on h, the finish conv on the sublayer's output y:
+  ``out[t, c] = (base[i, 0, c] + δ[t, i, 0, c // group]) · z[t, c]
+  + (base[i, 1, c] + δ[t, i, 1, c // group]) · z[t - 1, c]``, z = h (i = 0) or y (i = 1), and
+  z[t - 1] = 0 at a block's first row. Identity at init (base[:, 0] = 1, base[:, 1] = 0,
+  projection 0), so a fresh DFlash 2 backbone computes exactly DFlash. The convs see block rows
+  only: KV injection and the drafter cache are DFlash's, unchanged.
 
-* **Two-tap dynamic depthwise convs** around every attention and MLP sublayer.
-  The "prepare" conv runs after the sublayer's norm, the "finish" conv on the
-  sublayer's output before the residual add. Each computes
-  ``out[t, c] = (base[0, c] + δ[t, 0, c // 16]) · x[t, c] + (base[1, c] + δ[t, 1, c // 16]) · x[t - 1, c]``
-  with ``x[t - 1] = 0`` at the first row of a block and ``δ = Linear(H → 2·H/16)(x)``.
-  Identity at init, so a fresh DFlash 2 backbone computes exactly DFlash (and
-  can start from trained DFlash weights). The convs only see block rows: the
-  injected context features skip the input norm and the sublayers, so KV
-  injection and the drafter cache are DFlash's, unchanged.
+* **Candidate selector** over the Top-K lattice of the block: unary U_t = Top-K log-probs of
+  the draft logits (the reference uses the raw logits: a per-position shift, the same paths
+  and the same softmax), ``S_t(a, b) = U_t(b) + <A[a] ⊙ W_h h_t, B[b]>`` with A / B the
+  predecessor / successor codebooks and W_h the hidden projection; the anchor is the
+  predecessor at t = 0. At temperature 0 the path is the reference's: greedy, left to right;
+  at T > 0 each position samples from softmax(S_t / T) over its K candidates.
+  `path=backtrack` (the max-score path by dynamic programming) is a flashspark option.
 
-  The convs live *inside* the modules the DFlash layer loop already calls
-  (`input_layernorm`, `post_attention_layernorm`, `self_attn.o_proj`, `mlp`),
-  so both DFlash forms (`forward` for training, `inject` + `draft_hidden` for
-  inference) run unmodified and stay equal to each other.
-
-* **Path selector** over the Top-K lattice of the block: unary U_t = Top-K
-  log-probs of the backbone logits, ``S_t(a, b) = U_t(b) + <A[a] ⊙ g_t, B[b]>``
-  with ``g_t = W_h h_t``; the anchor is the predecessor at t = 0. Paths come
-  from `ops.path_select` (backtrack | greedy | sample).
-
-Inference uses the ops (`two_tap_conv`, `topk_select`, `path_select`) when
-`use_ops` is set and no gradient is needed; otherwise the differentiable
-references in `flashspark.reference`, which compute the same functions.
+Inference uses the ops (`two_tap_conv` with the finish taps written by the prepare call,
+`topk_select`, `path_select`) when `use_ops` is set and no gradient is needed; otherwise the
+differentiable references in `flashspark.reference`, which compute the same functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
-from .decoder import MLP, DecoderForCausalLM, RMSNorm
+from .decoder import DecoderForCausalLM, RMSNorm
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .drafter import DraftBlock
 
-PATH_MODES = ("auto", "backtrack", "greedy", "sample")  # auto: backtrack at temperature 0, else sample
-CONV_GROUP = reference.CONV_GROUP  # channels sharing one dynamic tap (fixed by the op)
+PATH_MODES = ("auto", "greedy", "backtrack", "sample")  # auto: greedy at temperature 0 (the reference's), else sample
+CONV_KERNEL_SIZE = 2  # taps per conv: what the op computes
+MAX_TOP_K = 16  # topk_select's bound
 # The ops' overloads, called without the wrappers' Python frames on the drafting path.
 _two_tap_conv = torch.ops.flashspark.two_tap_conv.default
 _topk_select = torch.ops.flashspark.topk_select.default
 _path_select = torch.ops.flashspark.path_select.default
+# Published checkpoints store the codebooks as bare tensors (the reference maps them onto
+# `.weight` when it loads): saved and read so.
+CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 @dataclass
 class DFlash2Config(DFlashConfig):
-    selector_rank: int = 64  # r of the A/B factors (256 at full scale)
-    selector_topk: int = 16  # K candidates per block position (<= 16, the op's bound)
+    conv_kernel_size: int = CONV_KERNEL_SIZE
+    conv_group_size: int = 16  # channels sharing one dynamic tap
+    selector_rank: int = 64  # r of the codebooks (256 at full scale)
+    selector_top_k: int = 16  # K candidates per block position
     architectures: list[str] = field(default_factory=lambda: ["DFlash2DraftModel"])
-    model_type: str = "dflash2"
+    KIND: ClassVar[str] = "DFlash 2"
 
     def __post_init__(self):
         super().__post_init__()
-        if not 1 <= self.selector_topk <= 16:
-            raise ValueError(f"selector_topk must lie in [1, 16], got {self.selector_topk}")
+        if self.conv_kernel_size != CONV_KERNEL_SIZE:
+            raise ValueError(
+                f"conv_kernel_size {self.conv_kernel_size} is not supported: flashspark's two_tap_conv op "
+                f"computes {CONV_KERNEL_SIZE}-tap convs"
+            )
+        if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+            raise ValueError(
+                f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size} (the reference's groups)"
+            )
+        if not 1 <= self.selector_top_k <= MAX_TOP_K:
+            raise ValueError(
+                f"selector_top_k must lie in [1, {MAX_TOP_K}] (topk_select's bound), got {self.selector_top_k}"
+            )
+        if self.selector_rank < 1:
+            raise ValueError(f"selector_rank must be >= 1, got {self.selector_rank}")
+
+    @property
+    def conv_groups(self) -> int:
+        return self.hidden_size // self.conv_group_size
+
+    def draft_keys(self) -> dict:
+        return super().draft_keys() | {k: getattr(self, k) for k in DFLASH2_KEYS}
 
 
-# ---------------------------------------------------------------------- two-tap conv
-class TwoTapConv(nn.Module):
-    """Two-tap dynamic depthwise conv over blocks of `block_size` consecutive rows."""
+# ---------------------------------------------------------------------- convs
+class GroupedDynamicConv(nn.Module):
+    """The reference's `GroupedDynamicCausalConv`: the prepare and finish convs of one sublayer."""
 
-    def __init__(self, channels: int, block_size: int):
+    def __init__(self, channels: int, group_size: int):
         super().__init__()
-        self.groups = (channels + CONV_GROUP - 1) // CONV_GROUP
-        self.block_size = block_size
-        self.base = nn.Parameter(torch.zeros(2, channels))
-        self.proj = nn.Linear(channels, 2 * self.groups, bias=False)
+        self.group_size = group_size
+        self.groups = channels // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, CONV_KERNEL_SIZE, channels))  # [prepare/finish, tap, C]
+        self.kernel_projection = nn.Linear(channels, 2 * CONV_KERNEL_SIZE * self.groups, bias=False)
         self.use_ops = False
         self.reset_identity()
 
     def reset_identity(self) -> None:
-        """base[0] = 1, base[1] = 0, δ = 0: the conv returns its input."""
+        """base[:, 0] = 1, base[:, 1] = 0, δ = 0: both convs return their input."""
         with torch.no_grad():
-            self.base.zero_()
-            self.base[0] = 1.0
-            self.proj.weight.zero_()
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+            self.kernel_projection.weight.zero_()
 
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, norm: RMSNorm | None = None
-    ) -> torch.Tensor:
-        """x [..., T, C] with T a multiple of block_size; optional residual added, and optional
-        RMSNorm applied to x first (both fused in the op)."""
-        # The op has no autograd: use it only when nothing needs a gradient. It computes δ from
-        # the projection weight itself and normalizes x itself (one op per conv: at a batch of
-        # one the separate norm, projection and their small tensors cost more than the conv).
-        # Parameters are read from the modules' dicts and the op overload is called directly:
-        # nn.Module attribute lookups (~0.5 us each) and the wrapper's frame made the module
-        # cost 15 us around a 7 us op at 8 rows (now 11.5).
-        base = self._parameters["base"]
-        if self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or base.requires_grad)):
-            w, dtype = self._modules["proj"]._parameters["weight"], x.dtype
-            norm_weight, eps = (None, 1e-6) if norm is None else (norm._parameters["weight"], norm.eps)
+    def _op_ready(self, x: torch.Tensor) -> bool:
+        # The op has no autograd: use it only when nothing needs a gradient.
+        base = self._parameters["base_kernel"]
+        return self.use_ops and not (torch.is_grad_enabled() and (x.requires_grad or base.requires_grad))
+
+    def prepare(self, x: torch.Tensor, norm: RMSNorm, block_size: int):
+        """(the prepare conv of norm(x), the finish conv's taps [..., 2, G]) for rows x [..., T, C]
+        in blocks of `block_size` rows. With the ops, one call normalizes, projects all four
+        taps, convolves and writes the finish taps."""
+        w = self._modules["kernel_projection"]._parameters["weight"]
+        base = self._parameters["base_kernel"]
+        if self._op_ready(x):
+            # Parameters are read from the modules' dicts and the overload called directly: at a
+            # batch of one, attribute lookups and wrapper frames cost as much as the op.
+            dtype = x.dtype
+            norm_weight = norm._parameters["weight"]
             if base.dtype != dtype:  # (a no-op `.to` still costs microseconds)
-                base, w = base.to(dtype), w.to(dtype)
-            if residual is not None and residual.dtype != dtype:
+                base, w, norm_weight = base.to(dtype), w.to(dtype), norm_weight.to(dtype)
+            taps = x.new_empty(x.shape[:-1] + (2, self.groups))
+            out = _two_tap_conv(
+                x, base[0], None, block_size, None, None, w, norm_weight, norm.eps, self.group_size, taps
+            )
+            return out, taps
+        h = reference.rms_norm(x, norm.weight, norm.eps)
+        delta = F.linear(h, w).unflatten(-1, (2, CONV_KERNEL_SIZE, self.groups))
+        out = reference.two_tap_conv_reference(h, base[0], delta[..., 0, :, :], block_size, group_size=self.group_size)
+        return out, delta[..., 1, :, :]
+
+    def finish(self, y: torch.Tensor, taps: torch.Tensor, residual: torch.Tensor, block_size: int) -> torch.Tensor:
+        """residual + the finish conv of the sublayer output y with the taps `prepare` gave."""
+        base = self._parameters["base_kernel"]
+        if self._op_ready(y):
+            dtype = y.dtype
+            if base.dtype != dtype:
+                base = base.to(dtype)
+            if residual.dtype != dtype:
                 residual = residual.to(dtype)
-            if norm_weight is not None and norm_weight.dtype != dtype:
-                norm_weight = norm_weight.to(dtype)
-            return _two_tap_conv(x, base, None, self.block_size, None, residual, w, norm_weight, eps)
-        if norm is not None:
-            x = reference.rms_norm(x, norm.weight, norm.eps)
-        delta = self.proj(x).unflatten(-1, (2, self.groups))
-        return reference.two_tap_conv_reference(x, self.base, delta, self.block_size, residual=residual)
+            return _two_tap_conv(y, base[1], taps, block_size, None, residual, None, None, 1e-6, self.group_size, None)
+        return reference.two_tap_conv_reference(
+            y, base[1], taps, block_size, residual=residual, group_size=self.group_size
+        )
 
 
-class PreparedRMSNorm(RMSNorm):
-    """RMSNorm followed by the sublayer's "prepare" conv (parameter names: weight, conv.*);
-    with the ops, one op does both."""
-
-    def __init__(self, dim: int, eps: float, block_size: int):
-        super().__init__(dim, eps)
-        self.conv = TwoTapConv(dim, block_size)
-
-    def forward(self, x):
-        return self.conv(x, norm=self)
-
-
-class FinishedLinear(nn.Linear):
-    """The attention's o_proj followed by the "finish" conv on the sublayer output."""
-
-    def __init__(self, in_features: int, out_features: int, block_size: int):
-        super().__init__(in_features, out_features, bias=False)
-        self.conv = TwoTapConv(out_features, block_size)
-
-    def forward(self, x, residual=None):
-        return self.conv(super().forward(x), residual)
-
-
-class FinishedMLP(MLP):
-    """SwiGLU MLP followed by the "finish" conv on its output."""
-
-    def __init__(self, cfg, block_size: int):
-        super().__init__(cfg)
-        self.conv = TwoTapConv(cfg.hidden_size, block_size)
-
-    def forward(self, x, residual=None):
-        return self.conv(super().forward(x), residual)
-
-
-# ---------------------------------------------------------------------- path selector
-class PathSelector(nn.Module):
-    """``S_t(a, b) = U_t(b) + <A[a] ⊙ W_h h_t, B[b]>`` over the Top-K lattice."""
+# ---------------------------------------------------------------------- candidate selector
+class CandidateSelector(nn.Module):
+    """``S_t(a, b) = U_t(b) + <A[a] ⊙ W_h h_t, B[b]>`` over the Top-K lattice (the reference's names)."""
 
     def __init__(self, hidden_size: int, vocab_size: int, rank: int):
         super().__init__()
-        self.w_h = nn.Linear(hidden_size, rank, bias=False)
-        self.a_emb = nn.Parameter(torch.zeros(vocab_size, rank))
-        self.b_emb = nn.Parameter(torch.zeros(vocab_size, rank))
+        self.predecessor_codebook = nn.Embedding(vocab_size, rank)  # A
+        self.successor_codebook = nn.Embedding(vocab_size, rank)  # B
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)  # W_h
 
     def reset(self, generator: torch.Generator) -> None:
         # Small factors: the pair term starts near 0, so the first paths are the unary argmax (DFlash).
         with torch.no_grad():
-            for p in (self.w_h.weight, self.a_emb, self.b_emb):
+            for p in self.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
 
     def pair_scores(
@@ -166,10 +172,10 @@ class PathSelector(nn.Module):
     ) -> torch.Tensor:
         """Differentiable score rows ``S_t(prev, ·)`` [..., K] for one predecessor per row.
 
-        unary [..., K] fp32; cand_ids [..., K]; prev [...] token ids; g [..., r].
+        unary [..., K] fp32; cand_ids [..., K]; prev [...] token ids; g [..., r] = W_h h.
         """
-        ag = F.embedding(prev, self.a_emb).float() * g.float()  # [..., r]
-        return unary + (F.embedding(cand_ids.long(), self.b_emb).float() * ag[..., None, :]).sum(-1)
+        ag = self.predecessor_codebook(prev).float() * g.float()  # [..., r]
+        return unary + (self.successor_codebook(cand_ids.long()).float() * ag[..., None, :]).sum(-1)
 
 
 class PathSignals(NamedTuple):
@@ -219,18 +225,15 @@ def path_signals(scores: torch.Tensor, unary: torch.Tensor) -> PathSignals:
 
 # ---------------------------------------------------------------------- drafter
 class DFlash2Drafter(DFlashDrafter):
-    """DFlash backbone with two-tap convs in every layer, and a path selector head."""
+    """DFlash backbone with grouped dynamic convs in every layer, and a candidate selector."""
 
     def __init__(self, config: DFlash2Config, target: DecoderForCausalLM | None = None, use_ops: bool = True):
         super().__init__(config, target, use_ops=use_ops)
-        qcfg, g, D = config.layer_config(), config.block_size, config.hidden_size
+        D, group = config.hidden_size, config.conv_group_size
         for layer in self.layers:
-            layer.input_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
-            layer.post_attention_layernorm = PreparedRMSNorm(D, config.rms_norm_eps, g)
-            attn = layer.self_attn
-            attn.o_proj = FinishedLinear(attn.num_heads * attn.head_dim, D, g)
-            layer.mlp = FinishedMLP(qcfg, g)
-        self.selector = PathSelector(D, config.vocab_size, config.selector_rank)
+            layer.attention_conv = GroupedDynamicConv(D, group)
+            layer.mlp_conv = GroupedDynamicConv(D, group)
+        self.candidate_selector = CandidateSelector(D, config.vocab_size, config.selector_rank)
         self.use_ops = use_ops  # reach the convs just created
 
     @property
@@ -245,13 +248,28 @@ class DFlash2Drafter(DFlashDrafter):
             for m in self.convs():
                 m.use_ops = bool(value)
 
-    @staticmethod
-    def add_sublayer(x: torch.Tensor, sublayer: nn.Module, inp: torch.Tensor) -> torch.Tensor:
-        """x + sublayer(inp), the add fused into the sublayer's finish conv (one pass fewer)."""
-        return sublayer(inp, residual=x)
+    @property
+    def selector(self) -> CandidateSelector:
+        return self.candidate_selector
 
-    def convs(self) -> list[TwoTapConv]:
-        return [m for m in self.modules() if isinstance(m, TwoTapConv)]
+    def layer_forward(self, layer, x: torch.Tensor, attend, block_size: int) -> torch.Tensor:
+        """The reference's layer: each sublayer between its conv pair, the residual add fused
+        into the finish conv."""
+        conv = layer.attention_conv
+        h, taps = conv.prepare(x, layer.input_layernorm, block_size)
+        x = conv.finish(layer.self_attn.o_proj(attend(h)), taps, x, block_size)
+        conv = layer.mlp_conv
+        h, taps = conv.prepare(x, layer.post_attention_layernorm, block_size)
+        return conv.finish(layer.mlp(h), taps, x, block_size)
+
+    def convs(self) -> list[GroupedDynamicConv]:
+        return [m for m in self.modules() if isinstance(m, GroupedDynamicConv)]
+
+    def saved_name(self, name: str) -> str:
+        return name.removesuffix(".weight") if name.removesuffix(".weight") in CODEBOOKS else name
+
+    def loaded_name(self, name: str) -> str:
+        return name + ".weight" if name in CODEBOOKS else name
 
     def init_weights(self, seed: int = 0) -> None:
         """DFlash's init for the backbone, then identity convs and a near-zero pair term."""
@@ -266,7 +284,7 @@ class DFlash2Drafter(DFlashDrafter):
         missing, unexpected = self.load_state_dict(state, strict=False)
         if unexpected:
             raise ValueError(f"not a DFlash backbone: unexpected tensors {unexpected[:5]}")
-        bad = [n for n in missing if ".conv." not in n and not n.startswith("selector.")]
+        bad = [n for n in missing if "_conv." not in n and not n.startswith("candidate_selector.")]
         if bad:
             raise ValueError(f"DFlash checkpoint is missing backbone tensors {bad[:5]}")
         for m in self.convs():
@@ -280,23 +298,25 @@ class DFlash2Drafter(DFlashDrafter):
         use_ops = self.use_ops if use_ops is None else use_ops
         logits = self.logits(hidden)
         topk = _topk_select if use_ops else reference.topk_select_reference
-        values, ids, lse = topk(logits, self.config.selector_topk)
-        return ids, values - lse[..., None], (self.selector.w_h(hidden) if with_g else None)
+        values, ids, lse = topk(logits, self.config.selector_top_k)
+        return ids, values - lse[..., None], (self.selector.hidden_projection(hidden) if with_g else None)
 
     @torch.no_grad()
-    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
-        """Draft a block through the Top-K lattice and the path selector. `sample` paths carry
-        sparse q over the K candidates; deterministic paths (`backtrack`, `greedy`, and every
-        path at temperature 0) are verified as one-hot drafts; `auto` = backtrack at
-        temperature 0, else sample. `signals=False` skips the path signals that only a
-        confidence proxy reads."""
+    def propose(
+        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+    ) -> DraftBlock:
+        """Draft a block through the Top-K lattice and the candidate selector. `sample` paths
+        carry sparse q over the K candidates; deterministic paths (`greedy`, `backtrack`, and
+        every path at temperature 0) are verified as one-hot drafts; `auto` = greedy at
+        temperature 0 (the reference's path), else sample. `signals=False` skips the path
+        signals that only a confidence proxy reads; `num_drafts` shortens the block."""
         if path not in PATH_MODES:
             raise ValueError(f"path must be one of {PATH_MODES}, got {path!r}")
         sampling = bool((temperature > 0).any())
-        mode = ("sample" if sampling else "backtrack") if path == "auto" else path
+        mode = ("sample" if sampling else "greedy") if path == "auto" else path
         mode = mode if (mode != "sample" or sampling) else "greedy"
         tokens, cand_ids, q, sig = self.select_paths(
-            cache, anchor, ctx_lens, mode=mode, temperature=temperature, seeds=seeds, offsets=offsets, signals=signals
+            cache, anchor, ctx_lens, mode, temperature, seeds, offsets, signals, num_drafts
         )
         return DraftBlock(
             tokens,
@@ -312,11 +332,12 @@ class DFlash2Drafter(DFlashDrafter):
         cache: DFlashCache,
         anchor: torch.Tensor,
         ctx_lens: torch.Tensor,
-        mode: str = "backtrack",
+        mode: str = "greedy",
         temperature: torch.Tensor | None = None,
         seeds: torch.Tensor | None = None,
         offsets: torch.Tensor | None = None,
         signals: bool = True,
+        num_drafts: int | None = None,
     ):
         """Draft a block: (drafts [B, γ-1] int64, cand_ids [B, γ-1, K] int32,
         q [B, γ-1, K] fp32 in sample mode (sparse q for `verify` with cand_ids) else None,
@@ -325,12 +346,13 @@ class DFlash2Drafter(DFlashDrafter):
 
         Draft k (1..γ-1) draws at Philox position ``offsets[b] + k - 1``, like the loop's DFlash drafts.
         """
-        hidden = self.draft_states(cache, anchor, ctx_lens)
+        hidden = self.draft_states(cache, anchor, ctx_lens, num_drafts)
         cand_ids, unary, _ = self.lattice(hidden, with_g=False)
         # The selector's tensors from the modules' dicts (attribute lookups cost ~0.5 us each).
-        sel = self._modules["selector"]
-        a_emb, b_emb = sel._parameters["a_emb"], sel._parameters["b_emb"]
-        w_h = sel._modules["w_h"]._parameters["weight"]
+        sel = self._modules["candidate_selector"]._modules
+        a_emb = sel["predecessor_codebook"]._parameters["weight"]
+        b_emb = sel["successor_codebook"]._parameters["weight"]
+        w_h = sel["hidden_projection"]._parameters["weight"]
         if hidden.dtype != a_emb.dtype:  # (a no-op `.to` still costs microseconds)
             hidden = hidden.to(a_emb.dtype)
         if w_h.dtype != a_emb.dtype:
@@ -366,8 +388,8 @@ class DFlash2Drafter(DFlashDrafter):
         selector top-1 hit [...] bool).
         """
         logp = torch.log_softmax(logits.float(), -1)
-        unary, cand = logp.topk(self.config.selector_topk, -1)
-        scores = self.selector.pair_scores(unary, cand, prev, self.selector.w_h(hidden))
+        unary, cand = logp.topk(self.config.selector_top_k, -1)
+        scores = self.selector.pair_scores(unary, cand, prev, self.selector.hidden_projection(hidden))
         match = cand == labels[..., None]
         in_topk = match.any(-1)
         ce = F.cross_entropy(scores.flatten(0, -2), match.float().argmax(-1).flatten(), reduction="none")
@@ -377,15 +399,13 @@ class DFlash2Drafter(DFlashDrafter):
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash2(
-    drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, backbone: str | Path | None = None
-) -> None:
-    """config.json + model.safetensors (the drafter's own weights: backbone, convs, selector;
-    with `backbone`, a DFlash directory holding the backbone, the convs and selector only)."""
-    save_dflash(drafter, path, dtype, backbone)
+def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """config.json + model.safetensors in z-lab's format (`save_dflash`): loads in their `DFlash2DraftModel`."""
+    save_dflash(drafter, path, dtype)
 
 
 def load_dflash2(
     path: str | Path, target: DecoderForCausalLM, dtype: torch.dtype | None = None, use_ops: bool = True
 ) -> DFlash2Drafter:
+    """A DFlash 2 drafter in z-lab's format (codebooks with or without `.weight`), attached to `target`."""
     return load_drafter(path, target, DFlash2Drafter, DFlash2Config, dtype, use_ops)

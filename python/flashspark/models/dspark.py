@@ -33,6 +33,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .. import ops, reference
-from .config import check_supported
 from .decoder import DecoderForCausalLM
 from .dflash import WEIGHTS_NAME, DFlashCache, DFlashConfig, DFlashDrafter, load_drafter
 from .drafter import DraftBlock, top2_margin
@@ -70,10 +70,10 @@ class DSparkConfig(DFlashConfig):
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True  # the confidence head reads W1[x_{j-1}] too
     sample_from_anchor: bool = True  # DeepSpec's slot layout (module docstring)
-    num_target_layers: int | None = None  # the target's depth, recorded as DeepSpec does
     num_anchors: int = 512  # a training setting DeepSpec's model class requires in its config
     architectures: list[str] = field(default_factory=lambda: [ARCHITECTURE])
     model_type: str = "qwen3"
+    KIND: ClassVar[str] = "DSpark"
 
     def __post_init__(self):
         super().__post_init__()
@@ -97,51 +97,11 @@ class DSparkConfig(DFlashConfig):
     def first_draft_slot(self) -> int:
         return 0 if self.sample_from_anchor else 1
 
-    @classmethod
-    def for_target(cls, target, *a, **kw) -> "DSparkConfig":
-        kw.setdefault("num_target_layers", target.num_hidden_layers)
-        return super().for_target(target, *a, **kw)
-
-    def save(self, path: str | Path) -> None:
-        """config.json as DeepSpec writes it: the Qwen3 layer config plus the DSpark keys."""
-        d = dataclasses.asdict(self.layer_config())
+    def to_json(self) -> dict:
+        """config.json as DeepSpec writes it: the Qwen3 layer config plus the DSpark keys at its top level."""
+        d = self.qwen3_json()
         d.update({k: getattr(self, k) for k in DSPARK_KEYS if getattr(self, k) is not None})
-        d |= {
-            "model_type": "qwen3",
-            "architectures": [ARCHITECTURE],
-            "tie_word_embeddings": False,
-            "hidden_act": "silu",
-            "layer_types": ["full_attention"] * self.num_hidden_layers,
-        }
-        for key in ("bos_token_id", "eos_token_id", "mlp_bias"):
-            d.pop(key, None)
-        Path(path).write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "DSparkConfig":
-        """A DeepSpec config.json (`architectures` Qwen3DSparkModel); the layout defaults to
-        DeepSpec's (`sample_from_anchor` absent = true). Features our layers lack raise."""
-        path, d = cls.read_json(path)
-        if ARCHITECTURE not in (d.get("architectures") or []):
-            raise ValueError(
-                f"{path} is not a DSpark drafter config in DeepSpec's format (architectures "
-                f"{d.get('architectures')!r}, model_type {d.get('model_type')!r}; expected {ARCHITECTURE!r})"
-            )
-        try:
-            check_supported(d)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
-        if d.get("attention_bias"):
-            raise ValueError(f"{path}: attention_bias=true is not supported (DSpark's Qwen3 layers have none)")
-        if d.get("head_dim") is None:
-            d["head_dim"] = 128  # Hugging Face's Qwen3 default
-        names = {f.name for f in dataclasses.fields(cls)} - {"architectures", "model_type", "tie_word_embeddings"}
-        if "dtype" in d and "torch_dtype" not in d:
-            d["torch_dtype"] = d["dtype"]
-        try:
-            return cls(**{k: v for k, v in d.items() if k in names and v is not None})
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
+        return d
 
 
 class MarkovHead(nn.Module):
@@ -227,12 +187,15 @@ class DSparkDrafter(DFlashDrafter):
 
     # ------------------------------------------------------------ inference form
     @torch.no_grad()
-    def propose(self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True) -> DraftBlock:
+    def propose(
+        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+    ) -> DraftBlock:
         """Draft a block with the Markov head's serial chain: q dense when any request samples
         (one-hot drafts otherwise), and the calibrated confidences. `path` is DFlash 2's and
         ignored here; `signals` adds the top-2 margin of the Markov logits along the drafted
-        chain (one more V-wide pass per block, so only when asked: records, margin baselines)."""
-        hidden = self.draft_states(cache, anchor, ctx_lens)
+        chain (one more V-wide pass per block, so only when asked: records, margin baselines);
+        `num_drafts` shortens the block."""
+        hidden = self.draft_states(cache, anchor, ctx_lens, num_drafts)
         base = self.logits(hidden)
         tokens, q, conf = self._markov_chain(hidden, base, anchor, temperature, seeds, offsets)
         margin = None
@@ -270,7 +233,7 @@ class DSparkDrafter(DFlashDrafter):
         step = ops.markov_step if self.use_ops else _markov_step_reference
         prev = anchor
         drafts, qs, confs = [], [], []
-        for j in range(self.num_drafts):
+        for j in range(hidden.shape[1]):
             t = self.conf_temperature[j].to(dt)
             tok, q, c = step(
                 base[:, j].contiguous(),

@@ -59,6 +59,12 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def has_weights(path: str | Path) -> bool:
+    """Whether a checkpoint directory holds weights: model.safetensors, or a shard index."""
+    path = Path(path)
+    return (path / WEIGHTS_NAME).is_file() or (path / INDEX_NAME).is_file()
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (every shard)."""
     path = Path(path)

@@ -44,6 +44,14 @@ def _one_device(op: str, **tensors) -> None:
             )
 
 
+def _required(op: str, **tensors) -> None:
+    """A required tensor argument passed as None raises a TypeError naming it (the op itself
+    would fail with "tensor does not have a device", which names no argument)."""
+    for name, t in tensors.items():
+        if t is None:
+            raise TypeError(f"flashspark.{op}: argument '{name}' is required (a tensor), got None")
+
+
 def _to_int(t) -> int:
     return int(t.item()) if isinstance(t, torch.Tensor) else int(t)
 

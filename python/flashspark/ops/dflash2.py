@@ -10,6 +10,22 @@ import torch
 from .common import GREEDY_TEMPERATURE, _one_device, _to_int, drafter_logits, log_softmax_shifted, rms_norm
 from .philox import PURPOSE_PATH, gumbel, philox_u32
 
+# The default number of channels sharing one dynamic tap of two_tap_conv (its group_size).
+CONV_GROUP = 16
+
+
+def conv_groups(channels: int, group_size: int = CONV_GROUP) -> int:
+    """G, the dynamic tap groups of two_tap_conv over ``channels``: ceil(channels / group_size)."""
+    return -(-channels // group_size)
+
+
+def grouped_taps(delta: torch.Tensor, group_size: int, channels: int) -> torch.Tensor:
+    """Per-group taps ``delta [..., G]`` spread over the channels: ``[..., channels]`` where
+    channel c takes group ``c // group_size`` (the last group may be partial). Differentiable
+    (an index_select), and without materializing G * group_size entries."""
+    idx = torch.arange(channels, device=delta.device) // group_size
+    return delta.index_select(-1, idx)
+
 
 def two_tap_conv(
     x: torch.Tensor,
@@ -21,42 +37,66 @@ def two_tap_conv(
     delta_weight: Optional[torch.Tensor] = None,
     norm_weight: Optional[torch.Tensor] = None,
     norm_eps: float = 1e-6,
+    group_size: int = CONV_GROUP,
+    finish_delta: Optional[torch.Tensor] = None,
     *,
     status: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """DFlash 2 two-tap dynamic depthwise conv (one pass over x).
 
-    ``out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
-    + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]`` (+ ``residual[t, c]``),
-    with ``x[t - 1] = 0`` at the first row of each block.
+    ``out[t, c] = (base[0, c] + delta[t, 0, c // S]) * x[t, c]
+    + (base[1, c] + delta[t, 1, c // S]) * x[t - 1, c]`` (+ ``residual[t, c]``),
+    with ``x[t - 1] = 0`` at the first row of each block, S = ``group_size``
+    channels per dynamic tap and G = ceil(C / S) groups.
 
     Args:
       x: ``[..., T, C]`` fp32/bf16/fp16; rows are x flattened to ``[N, C]``.
       base: ``[2, C]`` static taps (identity init: base[0] = 1, base[1] = 0).
-      delta: ``[..., 2, ceil(C / 16)]`` dynamic taps, one row per row of x,
-        shared by groups of 16 channels; or None with ``delta_weight``.
+      delta: ``[..., 2, G]`` dynamic taps, one row per row of x, shared by
+        groups of S channels; or None with ``delta_weight``.
       block_size: rows per block when ``cu_blocks`` is None (row t starts a
         block when ``t % block_size == 0``).
       cu_blocks: ``[num_blocks + 1]`` int32 row offsets of ragged blocks.
       residual: optional ``[..., T, C]`` added to the output (fused residual).
-      delta_weight: ``[2 * ceil(C / 16), C]`` the taps' projection (x's dtype),
-        instead of ``delta``: the op computes ``delta[t] = x[t] @ delta_weight.T``
-        itself, in fp32 (the whole dynamic conv in one op; no δ tensor).
+      delta_weight: ``[2G, C]`` the taps' projection (x's dtype), instead of
+        ``delta``: the op computes ``delta[t] = x[t] @ delta_weight.T`` itself, in
+        fp32 (the whole dynamic conv in one op; no δ tensor). Or ``[4G, C]``: rows
+        ``[2G, 4G)`` are the sublayer's finish conv's projection (z-lab's DFlash 2
+        computes both convs' taps from the prepare conv's input); the op projects
+        them from the same (normalized) rows and writes them to ``finish_delta``,
+        which the caller passes as ``delta`` to the finish conv. The conv's own
+        output is the same as with the first 2G rows alone.
       norm_weight: optional ``[C]`` (x's dtype): the conv runs on RMSNorm(x) =
         ``norm_weight * (x * rsqrt(mean(x^2) + norm_eps))`` per row, computed in
         fp32 (DFlash 2's "prepare" conv fused with the sublayer's norm); the taps
         from ``delta_weight`` see the normalized rows too. The residual is added
         unnormalized.
       norm_eps: RMSNorm's epsilon (finite, >= 0).
+      group_size: S >= 1, channels sharing one dynamic tap (16 by default).
+      finish_delta: ``[..., 2, G]`` output, required exactly with a 4G-row
+        ``delta_weight``: contiguous, x's dtype and device, one row per row of x,
+        sharing no memory with the other arguments; receives the finish conv's
+        taps (fp32 sums rounded to x's dtype). NaN when the call fails.
       status: optional ``[1]`` int32 output (see :func:`raise_on_status`): with
         offsets ``cu_blocks`` that do not start at 0, decrease, or do not end at
-        the row count, the call fails and its output is NaN.
+        the row count, the call fails and its output (and ``finish_delta``) is NaN.
 
     Returns x's shape and dtype. Inference op (no autograd): training uses the
     reference, which computes the same function.
     """
     return torch.ops.flashspark.two_tap_conv(
-        x, base, delta, block_size, cu_blocks, residual, delta_weight, norm_weight, norm_eps, status=status
+        x,
+        base,
+        delta,
+        block_size,
+        cu_blocks,
+        residual,
+        delta_weight,
+        norm_weight,
+        norm_eps,
+        group_size,
+        finish_delta,
+        status=status,
     )
 
 
@@ -152,7 +192,19 @@ def path_sampling_defaults(
 
 @torch.library.register_fake("flashspark::two_tap_conv")
 def _two_tap_conv_fake(
-    x, base, delta, block_size, cu_blocks, residual, delta_weight=None, norm_weight=None, norm_eps=1e-6, *, status=None
+    x,
+    base,
+    delta,
+    block_size,
+    cu_blocks,
+    residual,
+    delta_weight=None,
+    norm_weight=None,
+    norm_eps=1e-6,
+    group_size=CONV_GROUP,
+    finish_delta=None,
+    *,
+    status=None,
 ):
     _one_device(
         "two_tap_conv",
@@ -163,9 +215,10 @@ def _two_tap_conv_fake(
         residual=residual,
         delta_weight=delta_weight,
         norm_weight=norm_weight,
+        finish_delta=finish_delta,
         status=status,
     )
-    return x.new_empty(x.shape)
+    return x.new_empty(x.shape)  # finish_delta is written in place: nothing to return for it
 
 
 @torch.library.register_fake("flashspark::topk_select")
@@ -219,19 +272,29 @@ def _path_select_fake(
     )
 
 
-CONV_GROUP = 16
-
-
 def two_tap_conv_reference(
-    x, base, delta, block_size=0, cu_blocks=None, residual=None, delta_weight=None, norm_weight=None, norm_eps=1e-6
+    x,
+    base,
+    delta,
+    block_size=0,
+    cu_blocks=None,
+    residual=None,
+    delta_weight=None,
+    norm_weight=None,
+    norm_eps=1e-6,
+    group_size=CONV_GROUP,
+    finish_delta=None,
 ):
     """Oracle of :func:`flashspark.ops.two_tap_conv`.
 
-    out[t, c] = (base[0, c] + delta[t, 0, c // 16]) * x[t, c]
-              + (base[1, c] + delta[t, 1, c // 16]) * x[t - 1, c]  (zero at a block's first row)
-              (+ residual[t, c]); rows t run over x flattened to [N, C]. With
-    `delta_weight` (and delta None), delta = x @ delta_weight.T in fp32. With
-    `norm_weight`, x is first RMS-normalized in fp32 (`rms_norm` on fp32 rows).
+    out[t, c] = (base[0, c] + delta[t, 0, c // S]) * x[t, c]
+              + (base[1, c] + delta[t, 1, c // S]) * x[t - 1, c]  (zero at a block's first row)
+              (+ residual[t, c]); rows t run over x flattened to [N, C], S = group_size,
+    G = ceil(C / S). With `delta_weight` (and delta None), delta = x @ delta_weight[:2G].T in
+    fp32; a 4G-row delta_weight also gives the finish conv's taps x @ delta_weight[2G:].T,
+    copied (rounded to x's dtype, without autograd) into `finish_delta` when it is given.
+    With `norm_weight`, x is first RMS-normalized in fp32 (`rms_norm` on fp32 rows).
+    Differentiable in x, base, delta, residual, delta_weight and norm_weight.
     """
     shape = x.shape
     channels = shape[-1]
@@ -239,10 +302,18 @@ def two_tap_conv_reference(
     if norm_weight is not None:
         xf = rms_norm(xf, norm_weight.float(), norm_eps)
     rows = xf.shape[0]
-    groups = (channels + CONV_GROUP - 1) // CONV_GROUP
+    groups = conv_groups(channels, group_size)
     if delta_weight is not None:
-        delta = xf @ delta_weight.float().t()
-    d = delta.reshape(rows, 2, groups).float().repeat_interleave(CONV_GROUP, dim=-1)[..., :channels]
+        if delta_weight.shape[0] not in (2 * groups, 4 * groups):
+            raise ValueError(
+                f"delta_weight must have 2G = {2 * groups} or 4G = {4 * groups} rows, got {delta_weight.shape[0]}"
+            )
+        proj = xf @ delta_weight.float().t()
+        delta = proj[:, : 2 * groups]
+        if finish_delta is not None and proj.shape[1] == 4 * groups:
+            with torch.no_grad():
+                finish_delta.copy_(proj[:, 2 * groups :].reshape(finish_delta.shape).to(x.dtype))
+    d = grouped_taps(delta.reshape(rows, 2, groups).float(), group_size, channels)
     taps = base.float()[None] + d  # [N, 2, C]
     left = torch.cat([torch.zeros(1, channels, device=x.device), xf[:-1]], dim=0)
     if cu_blocks is not None:
@@ -285,7 +356,9 @@ def path_select_reference(
     choice = torch.empty(requests, positions, dtype=torch.int32)
     scores = torch.empty(requests, positions, k)
     q = torch.zeros(requests, positions, k)
-    for r in range(requests):
+    # No positions: nothing to choose, the empty outputs as the op returns them (the lattice
+    # walk below needs a first position).
+    for r in range(requests if positions else 0):
         cid, un, gr = cand_ids[r].cpu(), unary[r].cpu(), g[r].cpu()
         anchor_r = anchor[r : r + 1].cpu()
         if mode == "backtrack":

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .common import GREEDY_TEMPERATURE, _one_device, _to_int, log_softmax_shifted
+from .common import GREEDY_TEMPERATURE, _one_device, _required, _to_int, log_softmax_shifted
 from .philox import PURPOSE_ACCEPT, PURPOSE_RESAMPLE, exponential, gumbel, philox_u32, uniform_open01
 
 # A draft id of -1 marks a position with no draft (vLLM's placeholder): it is rejected, so the
@@ -86,6 +86,15 @@ def verify(
     At temperature 0 a draft is accepted while it equals the target argmax and
     the target argmax is emitted at the first mismatch (ties: lowest id).
     """
+    _required(
+        "verify",
+        target_logits=target_logits,
+        draft_tokens=draft_tokens,
+        cu_num_draft=cu_num_draft,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+    )
     return torch.ops.flashspark.verify(
         target_logits,
         draft_tokens,
@@ -122,6 +131,17 @@ def verify_out(
     """:func:`verify` writing into preallocated, contiguous int32 outputs
     ``out_tokens [B, max_spec_len + 1]`` and ``out_num_accepted [B]``, as an
     engine does with persistent buffers inside a captured CUDA graph."""
+    _required(
+        "verify",
+        target_logits=target_logits,
+        draft_tokens=draft_tokens,
+        cu_num_draft=cu_num_draft,
+        temperature=temperature,
+        seeds=seeds,
+        offsets=offsets,
+        out_tokens=out_tokens,
+        out_num_accepted=out_num_accepted,
+    )
     torch.ops.flashspark.verify_out(
         target_logits,
         draft_tokens,

@@ -109,8 +109,8 @@ class DerivedDrafterArgs(DFlashTrainArgs):
     """A drafter on a DFlash backbone (DFlash 2, DSpark), which may start from a trained one."""
 
     init_from: str = ""  # DFlash drafter directory to start the backbone from ("" = fresh)
-    # Keep --init-from's backbone frozen, train only what this drafter adds, and export only that,
-    # naming the backbone's directory: drafters of one target then ship one backbone.
+    # Keep --init-from's backbone frozen and train only what this drafter adds (the export still
+    # holds every tensor: the authors' formats have no shared-backbone reference).
     share_backbone: bool = False
 
 
@@ -679,10 +679,7 @@ def backbone_line(args: dict, parts: str) -> str:
     if not args.get("init_from"):
         return " from scratch"
     if args.get("share_backbone"):
-        return (
-            f" {args['init_from']}'s, frozen and shared (its weights stay in that directory: this one holds "
-            f"{parts} only)"
-        )
+        return f" {args['init_from']}'s, frozen (only {parts} trained; the file holds the whole drafter)"
     return f" started from {args['init_from']}"
 
 

@@ -63,9 +63,9 @@ class DFlash2TrainArgs(DerivedDrafterArgs):
     out: str = "runs/dflash2"
     export: str = str(DEFAULT_EXPORT)
     selector_rank: int = 64
-    selector_topk: int = 16
+    selector_top_k: int = 16
     selector_weight: float = 1.0  # weight of the selector CE next to the backbone CE
-    path_mode: str = "backtrack"  # path mode of the held-out evaluation
+    path_mode: str = "greedy"  # path mode of the held-out evaluation (the reference's)
 
 
 # ------------------------------------------------------------------- DFlash 2 loss and evaluation
@@ -111,7 +111,7 @@ def dflash2_loss(drafter: DFlash2Drafter, feats, tokens, labels, anchors, weight
 
 @torch.no_grad()
 def evaluate_paths(
-    drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: str = "backtrack", batch: int = 16
+    drafter: DFlash2Drafter, ev: dict, prompt_tokens: int, mode: str = "greedy", batch: int = 16
 ) -> dict:
     """Held-out agreement of the selector's paths with the target's greedy tokens.
 
@@ -138,13 +138,13 @@ def evaluate_paths(
         prev, target = block_targets(tokens, labels, an, g)
         cand, unary, gg = drafter.lattice(hidden, use_ops=True)
         R = an.numel()
-        sel = drafter.selector
+        a_emb, b_emb = drafter.selector.predecessor_codebook.weight, drafter.selector.successor_codebook.weight
         paths = ops.path_select(
             cand.reshape(R, g - 1, -1),
             unary.reshape(R, g - 1, -1).contiguous(),
-            sel.a_emb,
-            sel.b_emb,
-            gg.reshape(R, g - 1, -1).to(sel.a_emb.dtype).contiguous(),
+            a_emb,
+            b_emb,
+            gg.reshape(R, g - 1, -1).to(a_emb.dtype).contiguous(),
             prev[..., 0].reshape(R),
             mode=mode,
         )[0]
@@ -182,7 +182,7 @@ def train(a: DFlash2TrainArgs) -> dict:
         mask_token_id=mask_id,
         intermediate_size=a.intermediate_size or None,
         selector_rank=a.selector_rank,
-        selector_topk=a.selector_topk,
+        selector_top_k=a.selector_top_k,
     )
     g = config.block_size
     decay = a.gamma_d()
@@ -211,7 +211,7 @@ def train(a: DFlash2TrainArgs) -> dict:
 def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out path and backbone acceptance."""
     export_dir = Path(a.export)
-    save_dflash2(drafter, export_dir, dtype=torch.bfloat16, backbone=a.init_from if a.share_backbone else None)
+    save_dflash2(drafter, export_dir, dtype=torch.bfloat16)
     shipped = load_dflash2(export_dir, target, dtype=torch.float32)
     final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
     dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric
@@ -226,7 +226,7 @@ def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     publish(summary, a.out, export_dir, write_model_card)
     log(
         f"exported to {export_dir}: held-out path tau {final['tau']:.3f} ({final['mode']}), backbone tau "
-        f"{final['backbone_tau']:.3f}, top-{config.selector_topk} coverage "
+        f"{final['backbone_tau']:.3f}, top-{config.selector_top_k} coverage "
         f"{' '.join(f'{x:.3f}' for x in final['topk_coverage'])}"
     )
     return summary
@@ -250,20 +250,22 @@ def write_model_card(path: Path, s: dict) -> None:
     text = f"""# flashspark DFlash 2 drafter for {s.get("target_name", "tiny")}
 
 A DFlash 2 drafter for {target_description(s)}: the DFlash backbone
-with two-tap dynamic depthwise convs around every attention and MLP sublayer,
-and a path selector that picks one coherent path through the Top-{c["selector_topk"]}
-lattice of the block. Trained by distillation from that target on CPU.
+with grouped dynamic causal convs around every attention and MLP sublayer,
+and a candidate selector that picks one coherent path through the Top-{c["selector_top_k"]}
+lattice of the block: z-lab's `DFlash2DraftModel`, in their format (it loads in their
+`dflash` package). Trained by distillation from that target on CPU.
 
 ## Architecture
 
 | field | value |
 |---|---|
 | decoder layers | {c["num_hidden_layers"]} (Qwen3, hidden {c["hidden_size"]}, GQA {c["num_attention_heads"]}/{c["num_key_value_heads"]} × {c["head_dim"]}, SwiGLU {c["intermediate_size"]}) |
-| two-tap convs | prepare (after each norm) + finish (on each sublayer output), 4 per layer; taps per 16 channels from Linear(H → 2·H/16); {s["conv_params"]:,} parameters |
-| path selector | unary = Top-{c["selector_topk"]} log-probs, pair term <A[a] ⊙ W_h h_t, B[b]>, r = {c["selector_rank"]}; {s["selector_params"]:,} parameters |
+| convs | a pair per sublayer: prepare (on the normed input) + finish (on the output), {c["conv_kernel_size"]} taps; both convs' dynamic taps, per {c["conv_group_size"]} channels, from one Linear(H → 4·H/{c["conv_group_size"]}) of the prepare input; {s["conv_params"]:,} parameters |
+| candidate selector | unary = Top-{c["selector_top_k"]} log-probs, pair term <A[a] ⊙ W_h h_t, B[b]>, r = {c["selector_rank"]}; {s["selector_params"]:,} parameters |
 | block size γ | {g} |
 | target feature layers | {c["target_layer_ids"]} of {s["target_layers"]} |
 | embedding, LM head | the target's, shared and frozen (not in this checkpoint) |
+| format | z-lab's: `config.json` with `dflash_config`, tensors `layers.i.{{attention,mlp}}_conv.*`, `candidate_selector.*` |
 | parameters | {s["params"]:,} (target: {s["target_params"]:,}) |
 | shipped dtype | bfloat16 |
 
@@ -277,7 +279,7 @@ lattice of the block. Trained by distillation from that target on CPU.
 - Data: {data_line}.
 - Backbone{backbone_line(a, "the convs and the path selector")}; {s["step"]:,} steps of
   {a["batch_size"]} sequences × {a["blocks_per_seq"]} anchors. Loss: backbone CE weighted exp(−(k−1)/{s["decay"]:g})
-  + {a["selector_weight"]:g} × selector CE over the Top-{c["selector_topk"]} scores with teacher-forced predecessors
+  + {a["selector_weight"]:g} × selector CE over the Top-{c["selector_top_k"]} scores with teacher-forced predecessors
   (positions whose true token is outside the Top-K masked out).
 - Training time {s["train_minutes"]:.1f} min; wall time {s["wall_minutes"]:.1f} min.
 
@@ -285,7 +287,7 @@ lattice of the block. Trained by distillation from that target on CPU.
 
 Shipped bf16 weights computed in fp32, one block at
 {eval_description(a)} ({f["blocks"]:,} blocks).
-Paths: `{f["mode"]}` mode. "coverage": true token among the Top-{c["selector_topk"]};
+Paths: `{f["mode"]}` mode. "coverage": true token among the Top-{c["selector_top_k"]};
 "selector top-1": teacher-forced selector choice right, among covered positions;
 "path top-1"/"accepted": the selected path against the target's greedy tokens;
 "backbone accepted": the backbone's own argmax (DFlash drafting).

@@ -86,6 +86,10 @@ class DataArgs:
     num_features: int = 5  # feature layers, by the drafters' rule (models.dflash.target_layer_ids)
     batch_size: int = 32
     max_prompts: int = 0  # per kind (0: all); small held-out and calibration sets
+    # The target's dtype while generating ("": its CPU dtype, bf16 for SmolLM2). float32 where the
+    # CPU has no fast bf16 matmuls (then 10-20x slower than fp32); the weights are the same, so
+    # the data's target fingerprint is too.
+    dtype: str = ""
 
 
 def parse_kinds(text: str) -> list[tuple[str, int]]:
@@ -290,7 +294,7 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
     chat = catalog.target_chat_template(ref)
     if "chat" in dict(kinds) and chat is None:
         raise ValueError(f"the target {ref.label} has no chat template: leave chat out of --kinds")
-    target = catalog.load_target(ref)
+    target = catalog.load_target(ref, dtype=getattr(torch, a.dtype) if a.dtype else None)
     layer_ids = target_layer_ids(target.config.num_hidden_layers, a.num_features)
     definition = _definition(a, kinds, target, layer_ids)
     if a.resume:

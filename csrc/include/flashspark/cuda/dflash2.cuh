@@ -1,7 +1,8 @@
 // CUDA kernels of the DFlash 2 ops.
 //   two_tap_conv: one thread per (row, 4 channels), 4-wide vectorized loads of x;
 //                 with a norm weight, first one warp per row for its RMSNorm scale;
-//                 with a delta_weight, then one warp per (row, tap) for the projection.
+//                 with a delta_weight, then one warp per (row, tap) for the projection
+//                 (2G taps, or 4G with the finish conv's, written to finish_delta there).
 //   topk_select: one block per row; per-thread Top-K lists + online softmax,
 //                merged by a CUB BlockReduce with the same merge as the CPU.
 //   path_select: one block per request; threads share the K x K pair scores,
@@ -36,19 +37,24 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_conv_kernel(TwoTapParams
   float cur[4], left[4] = {0.f, 0.f, 0.f, 0.f};
   load4(x, c0, p.channels, aligned4(x), cur);
   if (!first) load4(x - p.x_stride, c0, p.channels, aligned4(x - p.x_stride), left);
-  const int32_t G = p.groups();
+  const int32_t G = p.groups(), S = p.group_size;
   const float s = p.norm_weight ? p.row_scale_ws[t] : 1.f;
   const float s_left = p.norm_weight && !first ? p.row_scale_ws[t - 1] : 1.f;
+  // The group of c0 by one division; the next channels step through it (S may be any size).
+  int32_t g = c0 / S, in_group = c0 - g * S;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int32_t c = c0 + j;
     if (c >= p.channels) break;
-    const int32_t g = c / kConvGroup;
     float y = (to_float(p.base[c]) + two_tap_delta(p, t, g)) * two_tap_input(p, cur[j], s, c);
     if (!first)
       y += (to_float(p.base[p.channels + c]) + two_tap_delta(p, t, G + g)) * two_tap_input(p, left[j], s_left, c);
     if (p.residual) y += to_float(p.residual[t * p.res_stride + c]);
     out[c] = from_float<T>(y);
+    if (++in_group == S) {  // the next channel starts the next group
+      in_group = 0;
+      ++g;
+    }
   }
 }
 
@@ -69,18 +75,26 @@ __global__ void __launch_bounds__(kConvThreads) two_tap_norm_kernel(TwoTapParams
 }
 
 // The fused projection: one warp per (row t, tap i), lanes stride the channels, then a
-// butterfly sum; writes delta_ws[t, i] for the conv kernel that follows on the stream.
+// butterfly sum; writes delta_ws[t, i] for the conv kernel that follows on the stream, and
+// taps i >= 2G (the finish conv's) to finish_delta in T, NaN when the call failed (its
+// check ran before on the stream), as on the CPU.
 template <class T>
 __global__ void __launch_bounds__(kConvThreads) two_tap_delta_kernel(TwoTapParams<T> p) {
-  const int32_t J = 2 * p.groups(), lane = threadIdx.x % 32;
+  const int32_t J = 2 * p.groups(), JP = p.projected_taps(), lane = threadIdx.x % 32;
   const int64_t pair = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) / 32;
-  if (pair >= p.rows * J) return;  // whole warps exit together: pair is uniform across a warp
-  const int64_t t = pair / J;
-  const int32_t i = int32_t(pair % J);
+  if (pair >= p.rows * JP) return;  // whole warps exit together: pair is uniform across a warp
+  const int64_t t = pair / JP;
+  const int32_t i = int32_t(pair % JP);
   float acc = two_tap_delta_dot(p, t, p.norm_weight ? p.row_scale_ws[t] : 1.f, i, lane, 32);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) p.delta_ws[t * J + i] = acc;
+  if (lane != 0) return;
+  if (i < J) {
+    p.delta_ws[t * J + i] = acc;
+  } else {
+    const bool failed = p.cu_blocks && p.status[0] != int32_t(Status::kOk);
+    p.finish_delta[t * J + i - J] = from_float<T>(failed ? NAN : acc);
+  }
 }
 
 // Ragged offsets checked once, before the conv kernel reads them (the binding passes a
@@ -106,7 +120,7 @@ cudaError_t launch_two_tap_conv(const TwoTapParams<T>& p, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
   }
   if (p.delta_weight) {
-    const int64_t warps = p.rows * 2 * p.groups();
+    const int64_t warps = p.rows * p.projected_taps();
     two_tap_delta_kernel<T><<<unsigned(ceil_div(warps * 32, kConvThreads)), kConvThreads, 0, stream>>>(p);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
