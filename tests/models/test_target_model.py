@@ -427,3 +427,72 @@ def test_shipped_target():
     a, _ = generate(m, [prompt], 12)
     b, _ = generate(m, [prompt, prompt[:3]], 12)
     assert a[0] == b[0]
+
+
+def test_save_weights_shards_under_a_size_and_loads_back(tmp_path):
+    """`io.save_weights` with a shard size: every shard at most that size on disk, an HF index
+    naming each tensor's shard, the same tensors loaded back, and a later one-file save clears
+    the shards (a directory never mixes two saves)."""
+    from flashspark.models.io import INDEX_NAME, WEIGHTS_NAME, load_state_dict, save_weights
+
+    gen = torch.Generator().manual_seed(0)
+    state = {f"t{i}": torch.randn(40 + 7 * i, 33, generator=gen) for i in range(9)}  # 5.3-12.8 KiB each
+    state["big"] = torch.randn(200, 100, generator=gen)  # 78 KiB: larger than a shard, alone in one
+    limit = 100 * 1024
+    names = save_weights(state, tmp_path, max_shard_bytes=limit)
+    assert len(names) > 1 and not (tmp_path / WEIGHTS_NAME).exists()
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    assert set(index["weight_map"]) == set(state) and set(index["weight_map"].values()) == set(names)
+    assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in state.values())
+    for n in names:
+        assert (tmp_path / n).stat().st_size <= limit
+    got = load_state_dict(tmp_path)
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state)
+    assert save_weights(state, tmp_path) == [WEIGHTS_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [WEIGHTS_NAME]
+
+
+def test_save_weights_shares_a_frozen_backbones_files_and_export_copies_them(tmp_path, capsys):
+    """`save_weights(share_with=...)`: tensors equal to the other checkpoint's are mapped, by
+    relative path and with that file's sha256, to its files instead of being written again; the
+    directory loads whole; a changed shared file, or an index that points outside its directory
+    without a hash, is refused; `python -m flashspark export` writes a self-contained copy."""
+    from flashspark.cli import main
+    from flashspark.models.io import (
+        INDEX_NAME,
+        SHARED_KEY,
+        is_self_contained,
+        load_state_dict,
+        save_weights,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    backbone = {f"layers.{i}.w": torch.randn(30, 17, generator=gen) for i in range(3)}
+    save_weights(backbone, tmp_path / "dflash")
+    drafter = {**backbone, "layers.0.w": backbone["layers.0.w"] + 1, "conv.w": torch.randn(5, 3, generator=gen)}
+    drafter["layers.1.w"] = backbone["layers.1.w"].to(torch.bfloat16)  # equal values, other dtype: its own copy
+    save_weights(drafter, tmp_path / "dflash2", share_with=tmp_path / "dflash")
+    index = json.loads((tmp_path / "dflash2" / INDEX_NAME).read_text())
+    shared = {k for k, f in index["weight_map"].items() if f.startswith("../")}
+    assert shared == {"layers.2.w"} and list(index["metadata"][SHARED_KEY]) == ["../dflash/model.safetensors"]
+    got = load_state_dict(tmp_path / "dflash2")
+    assert got.keys() == drafter.keys() and all(torch.equal(got[k], drafter[k]) for k in drafter)
+    assert not is_self_contained(tmp_path / "dflash2") and is_self_contained(tmp_path / "dflash")
+    with pytest.raises(ValueError, match="its own directory"):
+        save_weights(drafter, tmp_path / "dflash", share_with=tmp_path / "dflash")
+
+    assert main(["export", str(tmp_path / "dflash2"), str(tmp_path / "engine"), "--shard-mib", "0.002"]) == 0
+    assert "read some from its backbone" in capsys.readouterr().out
+    assert is_self_contained(tmp_path / "engine") and len(list((tmp_path / "engine").glob("*.safetensors"))) > 1
+    got = load_state_dict(tmp_path / "engine")
+    assert got.keys() == drafter.keys() and all(torch.equal(got[k], drafter[k]) for k in drafter)
+
+    # the backbone retrained after the drafter was written: refused, not mixed in
+    save_weights({**backbone, "layers.2.w": backbone["layers.2.w"] * 2}, tmp_path / "dflash")
+    with pytest.raises(ValueError, match="changed since it was written"):
+        load_state_dict(tmp_path / "dflash2")
+    # an index that reads a file outside its directory must name it with its hash
+    del index["metadata"][SHARED_KEY]
+    (tmp_path / "dflash2" / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="outside the directory"):
+        load_state_dict(tmp_path / "dflash2")

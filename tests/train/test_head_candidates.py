@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from flashspark.models.dflash import block_mask, packed_blocks
 from flashspark.train.common import HeadCandidates, block_loss, head_candidates, predicted_positions
 from spec_helpers import tiny_drafter, tiny_target
 
@@ -101,3 +102,38 @@ def test_candidates_without_a_label_are_refused():
     cand = HeadCandidates(ids, torch.zeros(len(ids)))
     with pytest.raises(ValueError, match="every label"):
         block_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], w, cand)
+
+
+def test_distillation_is_the_soft_cross_entropy_of_the_targets_top_k():
+    """`block_loss(distill=w)`: (1 - w)·CE(label) + w·CE(renormalised Top-K) per position, the
+    same over the whole vocabulary and over candidates holding the Top-K, and w = 0 is the plain
+    loss."""
+    target = tiny_target(vocab=512)
+    d = tiny_drafter(target, block_size=G)
+    b = batch(target)
+    gen = torch.Generator().manual_seed(3)
+    b["topk_logp"] = torch.randn(b["topk_ids"].shape, generator=gen).to(torch.float16)
+    w = torch.exp(-torch.arange(G - 1.0) / 2)
+    args = (b["features"], b["tokens"], b["labels"], b["anchors"], w)
+    topk = (b["topk_ids"], b["topk_logp"])
+    plain, _ = block_loss(d, *args)
+    torch.testing.assert_close(block_loss(d, *args, None, 0.0, topk)[0], plain)
+    # by hand: the drafter's log-probabilities at the predicted positions
+    full_soft, _ = block_loss(d, *args, None, 1.0, topk)
+    mixed, _ = block_loss(d, *args, None, 0.25, topk)
+    torch.testing.assert_close(mixed, 0.75 * plain + 0.25 * full_soft)
+    B, nb = b["anchors"].shape
+    pos = predicted_positions(b["anchors"], G)
+    with torch.no_grad():
+        bt, p = packed_blocks(b["tokens"], b["anchors"], G, d.config.mask_token_id)
+        h = d(b["features"], bt, p, block_mask(b["anchors"], b["features"].shape[1], G)).view(B, nb, G, -1)[:, :, 1:]
+        logq = d.logits(h).log_softmax(-1)
+        K = b["topk_ids"].shape[-1]
+        ids = b["topk_ids"].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, G - 1, K)
+        pk = b["topk_logp"].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, G - 1, K).float().softmax(-1)
+        soft = -(pk * logq.gather(-1, ids)).sum(-1)
+        want = (soft * w).sum() / (w.sum() * B * nb)
+    torch.testing.assert_close(full_soft.detach(), want, rtol=1e-5, atol=1e-5)
+    V = target.config.vocab_size
+    every = HeadCandidates(torch.arange(V), torch.zeros(V))
+    torch.testing.assert_close(block_loss(d, *args, every, 1.0, topk)[0], full_soft)

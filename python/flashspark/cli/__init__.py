@@ -1,4 +1,4 @@
-"""Command line: `python -m flashspark {generate,train,fit-proxy,fit-prior} ...`, one module per
+"""Command line: `python -m flashspark {generate,train,fit-proxy,fit-prior,export} ...`, one module per
 command group (the only place that parses arguments). Expected errors (bad options, paths,
 checkpoints, prompts, and the ops' argument checks) print one `error: ...` line and exit with
 status 2 instead of a traceback; options are checked before any model loads."""
@@ -10,6 +10,7 @@ import shlex
 import sys
 
 from .common import ArgParser, check_args, fail
+from .export import add_export
 from .fit import add_fit_prior, add_fit_proxy
 from .generate import add_generate
 from .train import add_train
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_fit_proxy(sub)
     add_fit_prior(sub)
+    add_export(sub)
     return parser
 
 

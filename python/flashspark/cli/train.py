@@ -52,6 +52,27 @@ def add_run_options(p, d: RunArgs, what: str) -> None:
 def add_drafter_options(p, d: DFlashTrainArgs) -> None:
     """The options of every drafter trainer (the DFlash backbone's)."""
     add_run_options(p, d, "generated data, checkpoint, metrics")
+    p.add_argument("--device", default=d.device, help="where to train: cpu (default) or cuda")
+    p.add_argument(
+        "--export-reserve",
+        dest="export_reserve_min",
+        type=float,
+        default=d.export_reserve_min,
+        help="minutes of the budget kept for the export and its measurements (default %(default)s)",
+    )
+    p.add_argument(
+        "--shard-mib",
+        type=float,
+        default=d.shard_mib,
+        help="export the weights in safetensors shards of at most this many MiB (default: one file)",
+    )
+    p.add_argument(
+        "--share-weights-with",
+        default=d.share_weights_with,
+        metavar="DIR",
+        help="export: tensors equal to this checkpoint's (a frozen --init-from backbone) are read from its "
+        "files, not written again (`python -m flashspark export` writes a self-contained copy)",
+    )
     p.add_argument(
         "--target", default=None, help=f"target: {' or '.join(catalog.TARGETS)} (default tiny) or a model path"
     )
@@ -98,6 +119,13 @@ def add_dflash_options(p, d: DFlashTrainArgs) -> None:
         default=d.head_negatives,
         help="train the LM head over the target's stored Top-K of each batch plus this many uniform "
         "random tokens (0 = the whole vocabulary; needs a `train data` directory)",
+    )
+    p.add_argument(
+        "--distill",
+        type=float,
+        default=d.distill,
+        help="weight in [0, 1] of the target's stored Top-K distribution against its greedy label in the "
+        "loss (needs a `train data` directory; default %(default)s)",
     )
     p.add_argument(
         "--head-logq",
@@ -177,6 +205,7 @@ def add_data_options(p, d: DataArgs) -> None:
         default=d.dtype,
         help="the target's dtype while generating (default: its CPU dtype; float32 where bf16 matmuls are slow)",
     )
+    p.add_argument("--device", default=d.device, help="the target's device while generating: cpu (default) or cuda")
 
 
 # name: (args dataclass, its options, the trainer, help). A new trainer is one line here.

@@ -34,7 +34,6 @@ from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from .. import ops, reference
@@ -42,9 +41,7 @@ from ..ops.sampling import PURPOSE_DRAFT, sample_logits
 from .config import DecoderConfig, check_supported
 from .decoder import Attention, DecoderForCausalLM, DecoderLayer, RMSNorm, apply_rope, init_gpt2_
 from .drafter import DraftBlock
-from .io import load_state_dict
-
-WEIGHTS_NAME = "model.safetensors"
+from .io import load_state_dict, save_weights
 
 block_diffusion_attention = ops.block_diffusion_attention
 inject_context_kv = ops.inject_context_kv
@@ -588,16 +585,24 @@ def packed_blocks(tokens: torch.Tensor, anchors: torch.Tensor, block_size: int, 
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash(drafter: DFlashDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_dflash(
+    drafter: DFlashDrafter,
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = 0,
+    share_with: str | Path | None = None,
+) -> None:
     """config.json + model.safetensors in z-lab's format: every tensor of the drafter (not the
     target's embedding and head), named as their `dflash` package names them, so the directory
-    loads in their code and in the engines that load their checkpoints."""
+    loads in their code and in the engines that load their checkpoints. With `max_shard_bytes`,
+    shards of at most that size and their index; with `share_with`, the tensors equal to that
+    checkpoint's are read from its files (`io.save_weights`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
     state = {drafter.saved_name(n): t for n, t in state.items()}
     dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch.")).save(path / "config.json")
-    save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_weights(state, path, max_shard_bytes, share_with)
 
 
 def load_drafter(

@@ -399,9 +399,15 @@ class DFlash2Drafter(DFlashDrafter):
 
 
 # ---------------------------------------------------------------------- I/O
-def save_dflash2(drafter: DFlash2Drafter, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_dflash2(
+    drafter: DFlash2Drafter,
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = 0,
+    share_with: str | Path | None = None,
+) -> None:
     """config.json + model.safetensors in z-lab's format (`save_dflash`): loads in their `DFlash2DraftModel`."""
-    save_dflash(drafter, path, dtype)
+    save_dflash(drafter, path, dtype, max_shard_bytes, share_with)
 
 
 def load_dflash2(

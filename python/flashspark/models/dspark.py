@@ -37,13 +37,13 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from .. import ops, reference
 from .decoder import DecoderForCausalLM
-from .dflash import WEIGHTS_NAME, DFlashCache, DFlashConfig, DFlashDrafter, load_drafter
+from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter
 from .drafter import DraftBlock, top2_margin
+from .io import save_weights
 
 CALIBRATION_NAME = "calibration.json"
 ARCHITECTURE = "Qwen3DSparkModel"  # DeepSpec's config.json names its drafters so
@@ -300,16 +300,22 @@ def markov_rollout(drafter: DSparkDrafter, hidden: torch.Tensor, base_logits: to
 
 # ---------------------------------------------------------------------- I/O
 def save_dspark(
-    drafter: DSparkDrafter, path: str | Path, dtype: torch.dtype = torch.bfloat16, calibration: dict | None = None
+    drafter: DSparkDrafter,
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    calibration: dict | None = None,
+    max_shard_bytes: int = 0,
+    share_with: str | Path | None = None,
 ) -> None:
     """DeepSpec's format (module docstring): config.json + model.safetensors with every tensor of
     the drafter (not the target's embedding and head), and calibration.json (temperatures and
-    their report)."""
+    their report). With `max_shard_bytes`, shards and their index; with `share_with`, the tensors
+    equal to that checkpoint's are read from its files (`io.save_weights`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {n: p.detach().to("cpu", dtype).contiguous() for n, p in drafter.state_dict().items()}
     dataclasses.replace(drafter.config, torch_dtype=str(dtype).removeprefix("torch.")).save(path / "config.json")
-    save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_weights(state, path, max_shard_bytes, share_with)
     cal = dict(calibration or {})
     cal["temperatures"] = [float(x) for x in drafter.conf_temperature.tolist()]
     (path / CALIBRATION_NAME).write_text(json.dumps(cal, indent=2, sort_keys=True) + "\n")

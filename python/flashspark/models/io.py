@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
@@ -18,6 +20,8 @@ from .decoder import DecoderForCausalLM
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# Index metadata: the files of another checkpoint this one reads tensors from, with their sha256.
+SHARED_KEY = "shared_files"
 
 
 def hf_parameter_names(config: DecoderConfig) -> list[str]:
@@ -39,24 +43,55 @@ def hf_parameter_names(config: DecoderConfig) -> list[str]:
     return names
 
 
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _weight_files(path: Path) -> list[Path]:
     index = path / INDEX_NAME
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
+            meta = json.loads(index.read_text())
+            weight_map = meta["weight_map"]
+            shared = meta.get("metadata", {}).get(SHARED_KEY, {})
+        except (json.JSONDecodeError, KeyError, AttributeError) as e:
             raise ValueError(f"{index} is not a valid safetensors index: {e}") from None
-        files = [path / f for f in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values()))
+        for f in names:
+            # A file outside the directory is read only when the index names it with the hash it
+            # was written against: a retrained or edited backbone is refused, not silently mixed in.
+            if Path(f).name != f and f not in shared:
+                raise ValueError(f"{index} maps tensors to {f}, outside the directory, without its sha256")
+        files = [path / f for f in names]
     elif (path / WEIGHTS_NAME).is_file():
-        files = [path / WEIGHTS_NAME]
+        files, shared = [path / WEIGHTS_NAME], {}
     else:
-        files = sorted(path.glob("*.safetensors"))
+        files, shared = sorted(path.glob("*.safetensors")), {}
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in model directory {path}")
     for f in files:
         if not f.is_file():
             raise FileNotFoundError(f"weight shard {f} listed in {INDEX_NAME} is missing")
+    for name, digest in shared.items():
+        if _sha256(path / name) != digest:
+            raise ValueError(
+                f"{path} shares the tensors of {path / name}, which changed since it was written: "
+                f"export both again (the shared file's sha256 is not {digest[:12]}...)"
+            )
     return files
+
+
+def weight_file_map(path: str | Path) -> dict[str, Path]:
+    """Each tensor name of a checkpoint directory and the file that holds it."""
+    out = {}
+    for f in _weight_files(Path(path)):
+        with safe_open(str(f), "pt") as fh:
+            out.update(dict.fromkeys(fh.keys(), f))
+    return out
 
 
 def has_weights(path: str | Path) -> bool:
@@ -75,6 +110,87 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         except Exception as e:  # safetensors raises its own error types
             raise ValueError(f"cannot read weights file {f}: {e}") from None
     return tensors
+
+
+def save_weights(
+    state: dict[str, torch.Tensor], path: str | Path, max_shard_bytes: int = 0, share_with: str | Path | None = None
+) -> list[str]:
+    """Write `state` into `path` as model.safetensors, or, when it is larger than
+    `max_shard_bytes` (> 0), as shards `model-0000i-of-0000n.safetensors` of at most that size
+    (a tensor larger than it gets a shard of its own) listed in model.safetensors.index.json, as
+    Hugging Face checkpoints are. Weight files of an earlier save are removed first, so the
+    directory never mixes two. Returns the file names written.
+
+    `share_with`: another checkpoint directory (a frozen backbone's). Tensors equal to its own
+    (name, dtype, shape and values) are not written again: the index maps them to its files by
+    relative path, with each such file's sha256, and loading checks it. `export_drafter` writes
+    the self-contained copy an engine loads."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    reused: dict[str, str] = {}
+    if share_with is not None:
+        share_with = Path(share_with)
+        if share_with.resolve() == path.resolve():
+            raise ValueError(f"{path} cannot share the tensors of its own directory")
+        theirs = load_state_dict(share_with)
+        where = weight_file_map(share_with)
+        for n, t in state.items():
+            other = theirs.get(n)
+            if other is not None and other.dtype == t.dtype and other.shape == t.shape and torch.equal(other, t):
+                reused[n] = os.path.relpath(where[n], path)
+    for old in [*path.glob("*.safetensors"), path / INDEX_NAME]:
+        old.unlink(missing_ok=True)
+    own = {n: t for n, t in state.items() if n not in reused}
+    size = {n: t.numel() * t.element_size() for n, t in state.items()}
+    own_bytes = sum(size[n] for n in own)
+    if not reused and (max_shard_bytes <= 0 or own_bytes <= max_shard_bytes):
+        save_file(own, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+        return [WEIGHTS_NAME]
+    # The safetensors header (names, shapes, offsets) counts too: keep 64 KiB for it.
+    budget = max(1, max_shard_bytes - 65536) if max_shard_bytes > 0 else own_bytes + 1
+    shards: list[list[str]] = [[]]
+    used = 0
+    for n in own:
+        if shards[-1] and used + size[n] > budget:
+            shards.append([])
+            used = 0
+        shards[-1].append(n)
+        used += size[n]
+    shards = [keys for keys in shards if keys]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, keys in zip(names, shards):
+        save_file({k: own[k] for k in keys}, str(path / name), metadata={"format": "pt"})
+    metadata: dict = {"total_size": sum(size.values())}
+    if reused:
+        metadata[SHARED_KEY] = {f: _sha256(path / f) for f in sorted(set(reused.values()))}
+    index = {
+        "metadata": metadata,
+        "weight_map": {k: name for name, keys in zip(names, shards) for k in keys} | reused,
+    }
+    (path / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def is_self_contained(path: str | Path) -> bool:
+    """Whether every weight file of a checkpoint directory lies inside it."""
+    return all(f.parent == Path(path) for f in _weight_files(Path(path)))
+
+
+def export_drafter(src: str | Path, dst: str | Path, max_shard_bytes: int = 0) -> list[str]:
+    """Copy a checkpoint directory into `dst` with every tensor in its own files (those a
+    shipped drafter reads from its backbone's directory included), in shards of at most
+    `max_shard_bytes`: the directory an engine, or the method's reference code, loads."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        raise FileNotFoundError(f"drafter directory {src} not found")
+    if dst.resolve() == src.resolve():
+        raise ValueError("export into a directory other than the source")
+    state = load_state_dict(src)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != INDEX_NAME:
+            (dst / f.name).write_bytes(f.read_bytes())
+    return save_weights(state, dst, max_shard_bytes)
 
 
 SHIPPED_TARGET = Path(__file__).resolve().parent.parent / "assets" / "target"
@@ -146,7 +262,7 @@ def save_model(model: DecoderForCausalLM, path: str | Path, dtype: torch.dtype =
     state = {n: params[n].detach().to("cpu", dtype).contiguous() for n in names}
     config = DecoderConfig.from_dict({**model.config.to_dict(), "torch_dtype": str(dtype).removeprefix("torch.")})
     config.save(path / "config.json")
-    save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+    save_weights(state, path)
 
 
 def load_tokenizer(path: str | Path | None = None) -> Tokenizer:

@@ -72,6 +72,9 @@ class DFlashTrainArgs(RunArgs):
     gen_frac: float = 0.3  # share of the budget spent generating target continuations
     max_sequences: int = 8192  # cap on generated sequences (memory: ~0.65 MB each)
     export_reserve_min: float = 2.5
+    shard_mib: float = 0.0  # export weights in safetensors shards of at most this many MiB (0: one file)
+    share_weights_with: str = ""  # export: tensors equal to this checkpoint's are read from its files
+    device: str = "cpu"  # where the target, the drafter and the batches live (cuda: `scripts/gpu_train_smollm2.sh`)
     layers: int = 2
     block_size: int = 8
     decay: float = 0.0  # gamma_d; 0 = the paper's value for the block size
@@ -97,11 +100,16 @@ class DFlashTrainArgs(RunArgs):
     # the target's stored Top-K at the batch's predicted positions plus N uniform random tokens
     # (a `train data` directory only). Held-out evaluations always use the whole vocabulary.
     head_negatives: int = 0
+    distill: float = 0.0  # weight of the target's Top-K distribution in the backbone's loss (`block_loss`)
     head_logq: bool = True  # weight the uniform draws by the share of the vocabulary each stands for
 
     def gamma_d(self) -> float:
         """γ_d of the position weights: --decay, else the DFlash paper's value for γ (γ/2 off its table)."""
         return self.decay or DECAY.get(self.block_size, self.block_size / 2)
+
+    def export_options(self) -> dict:
+        """The save_* keywords of the export: shard size and the checkpoint it shares tensors with."""
+        return dict(max_shard_bytes=int(self.shard_mib * 2**20), share_with=self.share_weights_with or None)
 
 
 @dataclass
@@ -228,13 +236,20 @@ def sample_anchors(n_seq: int, blocks: int, lo: int, hi: int, gen: torch.Generat
 def init_from_target(drafter: DFlashDrafter, target, layers: bool = False) -> None:
     """The final norm feeds the target's LM head: start it at the target's final
     norm so the first logits have the target's scale. Optionally copy the
-    target's top decoder layers into the drafter's (same shapes)."""
+    target's top decoder layers into the drafter's (same shapes). The drafter's layers are
+    Qwen3's, with q/k norms: a target without them (Llama's, SmolLM2's) leaves those at their
+    initial ones, so the copy is a starting point, not the target's function."""
     with torch.no_grad():
         drafter.norm.weight.copy_(target.model.norm.weight)
         if layers:
             n = len(drafter.layers)
             for mine, theirs in zip(drafter.layers, target.model.layers[-n:]):
-                mine.load_state_dict(theirs.state_dict())
+                missing, unexpected = mine.load_state_dict(theirs.state_dict(), strict=False)
+                if unexpected or any(not k.endswith(("q_norm.weight", "k_norm.weight")) for k in missing):
+                    raise ValueError(
+                        f"--init-layers: the target's layers do not fit the drafter's "
+                        f"(missing {missing}, unexpected {unexpected}); set --intermediate-size to the target's"
+                    )
 
 
 def _log_to(out: Path):
@@ -343,8 +358,8 @@ def train_drafter(
         lr = lr_at(min(1.0, elapsed / train_budget) if train_budget > 0 else 1.0, a)
         for grp in opt.param_groups:
             grp["lr"] = lr
-        batch = sample(gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        batch = on_device(sample(gen), a.device)
+        with torch.autocast(torch.device(a.device).type, dtype=torch.bfloat16, enabled=a.bf16):
             loss, stats = loss_fn(drafter, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -381,6 +396,12 @@ def train_drafter(
     save_ckpt()
     facts = pool.facts() if isinstance(pool, TargetData) else None
     return TrainedRun(step, elapsed, history, prior_wall, wall_start, N, L, facts, commands)
+
+
+def on_device(batch: dict, device) -> dict:
+    """A batch (or held-out set) with its tensors on `device`; batches are drawn on the CPU (memory
+    maps, CPU generators) and moved once."""
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def batch_sampler(pool, a, block_size: int):
@@ -438,20 +459,21 @@ def eval_set(target, a, layer_ids, out: Path, tok, span: int | None = None) -> d
     """Held-out greedy continuations: --eval-from's (a `train data --split heldout` directory),
     else held-out code prompts continued here (as in the DFlash trainer), reused from
     --data-from when it fits. `span`: tokens from the anchor to its last draft (default γ)."""
+    device = target.model.embed_tokens.weight.device
     if a.eval_from:
         held = TargetData(a.eval_from)
         held.check_for(target, layer_ids)
-        return held.eval_set(span or a.block_size, a.window, a.eval_sequences)
+        return on_device(held.eval_set(span or a.block_size, a.window, a.eval_sequences), device)
     for d in ([Path(a.data_from)] if a.data_from else []) + [out]:
         p = d / "eval.pt"
         if p.is_file():
             ev = torch.load(p)
             if ev["features"].shape[2] == len(layer_ids) and ev["tokens"].shape[0] >= a.eval_sequences:
-                return ev
+                return on_device(ev, device)
     prompts = torch.tensor(data.heldout_prompts("code", a.eval_sequences, a.prompt_tokens, tok))
     ev = dict(zip(("tokens", "features", "labels"), generate_sequences(target, prompts, 128, layer_ids)))
     data.atomic_write(out / "eval.pt", lambda f: torch.save(ev, f))
-    return ev
+    return on_device(ev, device)
 
 
 def data_pool(target, a, layer_ids, out: Path, tok, budget_s: float, log) -> dict:
@@ -493,7 +515,7 @@ def setup_run(a):
     mask_id = catalog.mask_token_id(tok, ref.known, a.mask_token or None)
     out.mkdir(parents=True, exist_ok=True)
     log = _log_to(out)
-    target = catalog.load_target(ref, dtype=torch.float32)
+    target = catalog.load_target(ref, dtype=torch.float32, device=a.device)
     for p in target.parameters():
         p.requires_grad_(False)
     return out, log, tok, target, mask_id
@@ -501,7 +523,7 @@ def setup_run(a):
 
 def predicted_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """[B, nb * (γ-1)] the positions whose labels a block predicts: anchor + 1 .. anchor + γ - 1."""
-    return (anchors[..., None] + torch.arange(1, block_size)).flatten(1)
+    return (anchors[..., None] + torch.arange(1, block_size, device=anchors.device)).flatten(1)
 
 
 class HeadCandidates(NamedTuple):
@@ -532,21 +554,29 @@ def head_candidates(
     ids = batch["topk_ids"].gather(1, pos[..., None].expand(-1, -1, batch["topk_ids"].shape[-1]))
     labels = batch["labels"].gather(1, pos).clamp(min=0)
     certain = torch.cat([ids.flatten(), labels.flatten()]).unique()
-    rand = torch.randint(0, vocab_size, (negatives,), generator=gen).unique()
+    rand = torch.randint(0, vocab_size, (negatives,), generator=gen).to(ids.device).unique()
     drawn = rand[~torch.isin(rand, certain)]
     every = torch.cat([certain, drawn])
     order = every.argsort()
-    log_weight = torch.zeros(len(every))
+    log_weight = torch.zeros(len(every), device=every.device)
     if logq and len(drawn):
         log_weight[len(certain) :] = math.log((vocab_size - len(certain)) / len(drawn))
     return HeadCandidates(every[order], log_weight[order])
 
 
-def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, candidates=None):
+def block_loss(
+    drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, candidates=None, distill: float = 0.0, topk=None
+):
     """Weighted CE over block positions 1..gamma-1 and the top-1 hits [B, nb, gamma-1]; with
     `candidates` (`head_candidates`: they must hold every label) the softmax is over those tokens
     only, each weighted by the share of the vocabulary it stands for, and the hits are over
-    the candidates' own logits."""
+    the candidates' own logits.
+
+    With `distill` = w > 0 and `topk` = (ids, logp) [B, W, K], the target's stored Top-K at every
+    position, each position's loss is (1 - w)·CE(greedy label) + w·CE(target's Top-K
+    distribution, renormalised): distillation towards the whole distribution the drafter's
+    drafts are accepted against at T > 0, not only its argmax (the Top-K holds most of its mass;
+    `candidates` hold every Top-K id)."""
     g = drafter.block_size
     B, nb = anchors.shape
     S = feats.shape[1]
@@ -566,6 +596,18 @@ def block_loss(drafter: DFlashDrafter, feats, tokens, labels, anchors, weights, 
             raise ValueError("head candidates must hold every label")
         target = index
     ce = F.cross_entropy(scored.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
+    weights = weights.to(ce.device)
+    if distill > 0:
+        pos = predicted_positions(anchors, g)
+        K = topk[0].shape[-1]
+        ids = topk[0].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, g - 1, K)
+        logp = topk[1].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, g - 1, K).float()
+        p = logp.softmax(-1).nan_to_num(0.0)  # a position without a Top-K row (all -inf) adds 0
+        if candidates is not None:
+            ids = torch.searchsorted(candidates.ids, ids).clamp(max=len(candidates.ids) - 1)
+        logq = scored.log_softmax(-1).gather(-1, ids)
+        soft = -(p * logq).sum(-1)
+        ce = (1 - distill) * ce + distill * soft
     loss = (ce * weights).sum() / (weights.sum() * B * nb)
     return loss, logits.argmax(-1) == target
 
@@ -620,7 +662,7 @@ def evaluate(drafter: DFlashDrafter, ev: dict, prompt_tokens: int, bf16: bool = 
     for i in range(0, ev["tokens"].shape[0], batch):
         sl = slice(i, i + batch)
         a = rows_anchors(anchors, sl, ev["tokens"][sl].shape[0])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(ev["tokens"].device.type, dtype=torch.bfloat16, enabled=bf16):
             _, hits = block_loss(
                 drafter, ev["features"][sl].float(), ev["tokens"][sl], ev["labels"][sl], a, torch.ones(g - 1)
             )

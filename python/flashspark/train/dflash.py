@@ -68,14 +68,18 @@ def train(a: DFlashTrainArgs) -> dict:
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
 
     torch.manual_seed(a.seed)
-    drafter = DFlashDrafter(config, target, use_ops=False)
+    drafter = DFlashDrafter(config, target, use_ops=False).to(a.device)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, a.init_layers)
     log(f"drafter: gamma_d {decay}, features from target layers {layer_ids}")
     weights = torch.exp(-torch.arange(g - 1, dtype=torch.float32) / decay)  # k = 1..g-1 -> exp(-(k-1)/gamma_d)
 
-    if a.head_negatives and not isinstance(pool, TargetData):
-        raise ValueError("--head-negatives needs a `train data` directory (--data-from): it reads the target's Top-K")
+    if (a.head_negatives or a.distill) and not isinstance(pool, TargetData):
+        raise ValueError(
+            "--head-negatives and --distill need a `train data` directory (--data-from): they read the target's Top-K"
+        )
+    if not 0 <= a.distill <= 1:
+        raise ValueError(f"--distill is a weight in [0, 1], got {a.distill}")
     vocab = target.config.vocab_size
     head_gen = torch.Generator().manual_seed(a.seed + 7)
 
@@ -83,7 +87,10 @@ def train(a: DFlashTrainArgs) -> dict:
         cand = None
         if a.head_negatives:
             cand = head_candidates(b, b["anchors"], g, vocab, a.head_negatives, head_gen, a.head_logq)
-        loss, hits = block_loss(d, b["features"], b["tokens"], b["labels"], b["anchors"], weights, cand)
+        topk = (b["topk_ids"], b["topk_logp"]) if a.distill else None
+        loss, hits = block_loss(
+            d, b["features"], b["tokens"], b["labels"], b["anchors"], weights, cand, a.distill, topk
+        )
         return loss, {"acc1": hits[..., 0].float().mean().item()}
 
     def eval_fn(d):
@@ -96,7 +103,7 @@ def train(a: DFlashTrainArgs) -> dict:
 def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out acceptance and a real speculative run."""
     export_dir = Path(a.export)
-    save_dflash(drafter, export_dir, dtype=torch.bfloat16)
+    save_dflash(drafter, export_dir, dtype=torch.bfloat16, **a.export_options())
     shipped = load_dflash(export_dir, target, dtype=torch.float32)
     final = evaluate(shipped, ev, a.prompt_tokens, bf16=False)
     if "start" in ev:  # a held-out set of `train data`: its prompts

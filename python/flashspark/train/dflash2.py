@@ -192,7 +192,7 @@ def train(a: DFlash2TrainArgs) -> dict:
     pool = data_pool(target, a, layer_ids, out, tok, gen_budget, log)
 
     torch.manual_seed(a.seed)
-    drafter = DFlash2Drafter(config, target, use_ops=False)
+    drafter = DFlash2Drafter(config, target, use_ops=False).to(a.device)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, False)  # the final norm; layer copy would miss the convs
     start_backbone(drafter, a, target, log)
@@ -211,7 +211,7 @@ def train(a: DFlash2TrainArgs) -> dict:
 def export(drafter, target, ev, a, config, run, decay, log) -> dict:
     """Write the bf16 drafter, then measure what ships: held-out path and backbone acceptance."""
     export_dir = Path(a.export)
-    save_dflash2(drafter, export_dir, dtype=torch.bfloat16)
+    save_dflash2(drafter, export_dir, dtype=torch.bfloat16, **a.export_options())
     shipped = load_dflash2(export_dir, target, dtype=torch.float32)
     final = evaluate_paths(shipped, ev, a.prompt_tokens, a.path_mode)
     dflash_eval = evaluate(shipped, ev, a.prompt_tokens)  # the backbone alone, DFlash's own metric

@@ -127,7 +127,7 @@ def target_next_logp(target, tokens: torch.Tensor, anchors: torch.Tensor, span: 
     from one forward of the batch's sequences [B, L] (right padding, read by no anchor)."""
     B, nb = anchors.shape
     logits = target(tokens.clamp(min=0)).logits  # [B, L, V]
-    rows = (anchors[..., None] + torch.arange(span - 1)).flatten(1)  # row t - 1 for t = a + 1 ..
+    rows = (anchors[..., None] + torch.arange(span - 1, device=anchors.device)).flatten(1)  # row t - 1 for t = a + 1 ..
     picked = logits.gather(1, rows[..., None].expand(-1, -1, logits.shape[-1]))
     return torch.log_softmax(picked.float(), -1).view(B, nb, span - 1, -1)
 
@@ -149,7 +149,7 @@ def sparse_tv(q: torch.Tensor, p_ids: torch.Tensor, p_logp: torch.Tensor) -> tor
 def _gather_positions(x: torch.Tensor, anchors: torch.Tensor, span: int) -> torch.Tensor:
     """Rows anchor + j (j = 1..span-1, the drafts) of per-position tensors x [B, L, K] -> [B, nb, span-1, K]."""
     B, nb = anchors.shape
-    pos = (anchors[..., None] + torch.arange(1, span)).flatten(1)
+    pos = (anchors[..., None] + torch.arange(1, span, device=anchors.device)).flatten(1)
     return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, span - 1, -1)
 
 
@@ -229,7 +229,7 @@ def rollout_outcomes(drafter: DSparkDrafter, ev: dict, prompt_tokens: int, batch
         acc.append(valid_blocks(ev, sl, drafts == block_targets(tokens, labels, an, span)[1]))
         zs.append(valid_blocks(ev, sl, z))
     drafter.train(was)
-    return torch.cat(acc), torch.cat(zs)
+    return torch.cat(acc).cpu(), torch.cat(zs).cpu()
 
 
 def evaluate_dspark(drafter: DSparkDrafter, ev: dict, prompt_tokens: int) -> dict:
@@ -374,7 +374,7 @@ def train(a: DSparkTrainArgs) -> dict:
         )
 
     torch.manual_seed(a.seed)
-    drafter = DSparkDrafter(config, target, use_ops=False)
+    drafter = DSparkDrafter(config, target, use_ops=False).to(a.device)
     drafter.init_weights(a.seed)
     init_from_target(drafter, target, False)
     start_backbone(drafter, a, target, log)
@@ -407,7 +407,7 @@ def export(drafter, target, ev, calib, a, config, run, decay, log) -> dict:
     """Calibrate, write the bf16 drafter with calibration.json, and measure what ships."""
     cal = calibrate(drafter, calib, ev, a.prompt_tokens)
     export_dir = Path(a.export)
-    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal)
+    save_dspark(drafter, export_dir, dtype=torch.bfloat16, calibration=cal, **a.export_options())
     shipped = load_dspark(export_dir, target, dtype=torch.float32)
     final = evaluate_dspark(shipped, ev, a.prompt_tokens)
     summary = {

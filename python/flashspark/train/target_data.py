@@ -48,9 +48,12 @@ from .. import data
 from ..models import catalog
 from ..models.dflash import target_layer_ids
 from ..models.io import weights_fingerprint
+from . import self_instruct
 
 NO_LABEL = -1
-KIND_IDS = {k: i for i, k in enumerate(data.PROMPT_KINDS)}
+# The stdlib prompt kinds, then general chat that the target writes itself (`self_instruct`).
+DATA_KINDS = data.PROMPT_KINDS + ("self",)
+KIND_IDS = {k: i for i, k in enumerate(DATA_KINDS)}
 PROGRESS = "progress.json"
 # What defines the data: a resumed run must ask for the same.
 DEFINING = (
@@ -90,6 +93,7 @@ class DataArgs:
     # CPU has no fast bf16 matmuls (then 10-20x slower than fp32); the weights are the same, so
     # the data's target fingerprint is too.
     dtype: str = ""
+    device: str = "cpu"  # the target's device while generating
 
 
 def parse_kinds(text: str) -> list[tuple[str, int]]:
@@ -97,8 +101,8 @@ def parse_kinds(text: str) -> list[tuple[str, int]]:
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         kind, _, share = part.partition(":")
-        if kind not in data.PROMPT_KINDS:
-            raise ValueError(f"--kinds: unknown prompt kind {kind!r}; expected some of {data.PROMPT_KINDS}")
+        if kind not in DATA_KINDS:
+            raise ValueError(f"--kinds: unknown prompt kind {kind!r}; expected some of {DATA_KINDS}")
         if share and not (share.isdigit() and int(share) > 0):
             raise ValueError(f"--kinds: the share of {kind} must be a positive integer, got {share!r}")
         out.append((kind, int(share or 1)))
@@ -133,20 +137,24 @@ def continue_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     for b, p in enumerate(prompts):
         tokens[b, : len(p)] = torch.tensor(p)
     cache = target.new_cache(B, max(lens) + max_new_tokens)
-    P = torch.tensor(lens)
+    P = torch.tensor(lens, device=device)
     last, hidden = target.backbone(tokens.to(device), cache, torch.zeros_like(P), P, hidden_layers=layer_ids)
     prompt_feats = [hidden[b, : lens[b]].to("cpu", torch.bfloat16) for b in range(B)]
-    logits = target.lm_head(last[torch.arange(B), P - 1]).float()
+    logits = target.lm_head(last[torch.arange(B, device=device), P - 1]).float()
     steps_tok, steps_lab, steps_ids, steps_logp, steps_feat = [], [], [], [], []
     done = torch.zeros(B, dtype=torch.bool)
     n_gen = torch.zeros(B, dtype=torch.int64)
     stop = torch.tensor(sorted(stop_ids), dtype=torch.int64)
-    pos, ones = P.clone(), torch.ones(B, dtype=torch.int64)
+    pos, ones = P.clone(), torch.ones(B, dtype=torch.int64, device=device)
     for i in range(max_new_tokens):
-        logp = torch.log_softmax(logits.cpu(), -1)
+        logp = torch.log_softmax(logits, -1)  # on the target's device: only the Top-K comes back
         v, j = logp.topk(top_k, -1)
-        label = logp.argmax(-1)
-        nxt = label if temperature <= 0 else torch.multinomial((logp / temperature).softmax(-1), 1, generator=gen)[:, 0]
+        v, j = v.cpu(), j.cpu()
+        label = logp.argmax(-1).cpu()
+        if temperature <= 0:
+            nxt = label
+        else:  # sampled on the CPU, with the run's CPU generator
+            nxt = torch.multinomial((logp.cpu() / temperature).softmax(-1), 1, generator=gen)[:, 0]
         steps_tok.append(nxt)
         steps_lab.append(label)
         steps_ids.append(j)
@@ -184,6 +192,24 @@ def continue_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     return out
 
 
+def render_taken(taken, target, tok, chat, stop_ids, seed: int, offset: int) -> list[str | None]:
+    """The prompt texts of `PromptStream.take`'s prompts: self-instruct seeds become the requests
+    the target writes (sampled with a generator seeded by the shard and the batch position, so a
+    resumed run writes the same ones; None where it wrote none), the others are rendered."""
+    seeds = [p for kind, _, p in taken if kind == "self"]
+    if seeds:
+        gen = torch.Generator().manual_seed(seed * 7919 + offset + 1)
+        requests = iter(self_instruct.write_requests(target, tok, chat, seeds, stop_ids, gen, continue_batch))
+    out = []
+    for kind, _, p in taken:
+        if kind != "self":
+            out.append(data.render_prompt(p, chat))
+        else:
+            r = next(requests)
+            out.append(None if r is None else chat([{"role": "user", "content": r}]))
+    return out
+
+
 class PromptStream:
     """The prompts of a split in a fixed order: kinds interleaved by their shares, each kind in
     `prompt_set`'s order; `cursors` (per kind) and `turn` (the position in the interleaving)
@@ -191,7 +217,7 @@ class PromptStream:
 
     def __init__(self, split: str, kinds: list[tuple[str, int]], max_prompts: int, cursors=None, turn=0):
         self.pattern = [k for k, share in kinds for _ in range(share)]
-        self.sets = {k: data.prompt_set(split, k) for k, _ in kinds}
+        self.sets = {k: self_instruct.seed_set(split) if k == "self" else data.prompt_set(split, k) for k, _ in kinds}
         if max_prompts:
             self.sets = {k: v[:max_prompts] for k, v in self.sets.items()}
         self.cursors = dict(cursors or {k: 0 for k, _ in kinds})
@@ -292,9 +318,9 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
     ref = catalog.resolve_target(a.target)
     tok = catalog.target_tokenizer(ref)
     chat = catalog.target_chat_template(ref)
-    if "chat" in dict(kinds) and chat is None:
-        raise ValueError(f"the target {ref.label} has no chat template: leave chat out of --kinds")
-    target = catalog.load_target(ref, dtype=getattr(torch, a.dtype) if a.dtype else None)
+    if {"chat", "self"} & set(dict(kinds)) and chat is None:
+        raise ValueError(f"the target {ref.label} has no chat template: leave chat and self out of --kinds")
+    target = catalog.load_target(ref, dtype=getattr(torch, a.dtype) if a.dtype else None, device=a.device)
     layer_ids = target_layer_ids(target.config.num_hidden_layers, a.num_features)
     definition = _definition(a, kinds, target, layer_ids)
     if a.resume:
@@ -338,8 +364,10 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
             taken = stream.take(a.batch_size - len(batch))
             if not taken:
                 break
-            for kind, index, prompt in taken:
-                ids = tok.encode(data.render_prompt(prompt, chat), add_special_tokens=False).ids
+            shard = len(progress["shards"])
+            texts = render_taken(taken, target, tok, chat, stop_ids, a.seed * 1_000_003 + shard, len(batch))
+            for (kind, index, _), text in zip(taken, texts):
+                ids = tok.encode(text, add_special_tokens=False).ids if text is not None else []
                 if not ids or len(ids) > a.max_prompt_tokens:
                     skipped += 1
                     continue
