@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The whole SmolLM2 drafter pipeline on one GPU, sized to finish in under 8 minutes on an H200:
 # the target generates its data at a large batch (held-out, calibration and training sets), then
-# the DFlash backbone trains, then DFlash 2 (on the frozen backbone) and DSpark (from it, in
-# DeepSpec's layout), each exported into OUT_DIR in its reference format, in safetensors shards
-# of at most 16 MiB.
+# the DFlash backbone trains, then DFlash 2 and DSpark on it, each exported into OUT_DIR in its
+# reference format, in safetensors shards of at most 16 MiB. Both keep the backbone frozen and
+# read its tensors from OUT_DIR/dflash (index paths with its sha256): the repository carries the
+# backbone once (its 60 MB cap). DSPARK_OWN_BACKBONE=1 fine-tunes DSpark's own copy in DeepSpec's
+# layout instead. `python -m flashspark export OUT_DIR/dflash2 DIR` writes a self-contained copy.
 #
 #   bash scripts/gpu_train_smollm2.sh OUT_DIR              # on a GPU machine
 #   TOY=1 bash scripts/gpu_train_smollm2.sh OUT_DIR        # CPU, the tiny target, seconds per step:
 #                                                          # what CI runs (tests/train/test_gpu_script.py)
 #
 # OUT_DIR gets dflash/, dflash2/, dspark/ (drafter directories: config.json, shards and their
-# index, MODEL_CARD.md) and pipeline.json (each step's wall seconds and held-out τ).
+# index, MODEL_CARD.md; DFlash 2's proxy and both schedulers' priors, fit last) and pipeline.json
+# (each step's wall seconds and held-out τ).
 # Generated data and checkpoints go to WORK (default runs/gpu_<target>), never to OUT_DIR. Every
 # step that finished is skipped when the script runs again (WORK/<step>.done), and an interrupted
 # one resumes from its data or checkpoint.
@@ -28,6 +31,7 @@ if [[ ${TOY:-0} == 1 ]]; then
   : "${DFLASH_MIN:=0.05}" "${DFLASH2_MIN:=0.05}" "${DSPARK_MIN:=0.05}" "${BATCH:=2}" "${BLOCKS:=4}"
   : "${EVAL_SEQ:=4}" "${THREADS:=1}" "${BF16:=0}" "${LAYERS:=1}" "${INTERMEDIATE:=0}" "${GEN_DTYPE:=float32}"
   : "${EXPORT_RESERVE:=0}" "${SHARD_MIB:=1}"  # 1 MiB: the toy drafters are sharded too
+  : "${FIT_PROMPTS:=1}" "${FIT_NEW:=8}" "${FIT_BATCH:=16}"
 fi
 DEVICE=${DEVICE:-cuda}
 TARGET=${TARGET:-smollm2}
@@ -49,13 +53,22 @@ DSPARK_MIN=${DSPARK_MIN:-1.5}
 BATCH=${BATCH:-64}
 BLOCKS=${BLOCKS:-32}
 EVAL_SEQ=${EVAL_SEQ:-96}
+EVAL_EVERY=${EVAL_EVERY:-1}  # minutes between held-out evaluations
+LR=${LR:-1e-3}               # the backbone's peak learning rate; DFlash 2 and DSpark take DERIVED_LR
+DERIVED_LR=${DERIVED_LR:-5e-4}
+HEAD_NEG=${HEAD_NEG:-0}      # > 0: the backbone's LM head over the stored Top-32 plus this many random tokens
 BF16=${BF16:-1}
 EXPORT_RESERVE=${EXPORT_RESERVE:-0.5}
 # The drafter's shape and recipe.
 LAYERS=${LAYERS:-2}
 INTERMEDIATE=${INTERMEDIATE:-1024}  # 0: the target's MLP width
-DISTILL=${DISTILL:-0}
+DISTILL=${DISTILL:-0.5}  # the lever table's winner (docs/smollm2.md)
+DSPARK_OWN_BACKBONE=${DSPARK_OWN_BACKBONE:-0}
 SHARD_MIB=${SHARD_MIB:-16}
+# Fits: calibration prompts per kind, new tokens per prompt, prompts per batch.
+FIT_PROMPTS=${FIT_PROMPTS:-24}
+FIT_NEW=${FIT_NEW:-64}
+FIT_BATCH=${FIT_BATCH:-72}
 
 mkdir -p "$WORK" "$OUT"
 TIMES=$WORK/times.tsv
@@ -88,18 +101,43 @@ step data "$WORK/data/progress.json" $PY -m flashspark train data "${data_opts[@
 
 train_opts=(--target "$TARGET" --device "$DEVICE" --threads "$THREADS" --batch-size "$BATCH" --blocks-per-seq "$BLOCKS"
   --layers "$LAYERS" --data-from "$WORK/data" --eval-from "$WORK/data_heldout" --eval-sequences "$EVAL_SEQ"
-  --shard-mib "$SHARD_MIB" --eval-every 1 --export-reserve "$EXPORT_RESERVE")
+  --shard-mib "$SHARD_MIB" --eval-every "$EVAL_EVERY" --export-reserve "$EXPORT_RESERVE")
 [[ $INTERMEDIATE != 0 ]] && train_opts+=(--intermediate-size "$INTERMEDIATE")
 [[ $BF16 == 1 ]] || train_opts+=(--no-bf16)
-dflash_opts=(--distill "$DISTILL")
+dflash_opts=(--distill "$DISTILL" --lr "$LR" --head-negatives "$HEAD_NEG")
 [[ $INTERMEDIATE == 0 ]] && dflash_opts+=(--init-layers)  # the target's own top layers fit only at its width
 step dflash "$WORK/dflash/ckpt.pt" $PY -m flashspark train dflash "${train_opts[@]}" "${dflash_opts[@]}" \
   --minutes "$DFLASH_MIN" --out "$WORK/dflash" --export "$OUT/dflash"
+
+# DFlash 2 and DSpark read the exported backbone: one exported after either started makes that run
+# (and the fits on it) stale. It starts over; the stale run is kept beside it.
+BACKBONE=$(ls "$OUT"/dflash/*.safetensors | head -1)
+for derived in dflash2 dspark; do
+  if [[ -e $WORK/$derived/ckpt.pt && $BACKBONE -nt $WORK/$derived/ckpt.pt && ! -f $WORK/$derived.done ]] ||
+    [[ -f $WORK/$derived.done && $BACKBONE -nt $WORK/$derived.done ]]; then
+    stale=$WORK/$derived.stale-$(date -u +%Y%m%dT%H%M%S)
+    echo "== $derived: the backbone changed since it started; restarting it ($stale keeps the old run)"
+    [[ -e $WORK/$derived ]] && mv "$WORK/$derived" "$stale"
+    rm -f "$WORK/$derived.done" "$WORK"/fit_*.done
+  fi
+done
 step dflash2 "$WORK/dflash2/ckpt.pt" $PY -m flashspark train dflash2 "${train_opts[@]}" --init-from "$OUT/dflash" \
-  --share-backbone --minutes "$DFLASH2_MIN" --out "$WORK/dflash2" --export "$OUT/dflash2"
+  --share-backbone --share-weights-with "$OUT/dflash" --lr "$DERIVED_LR" --minutes "$DFLASH2_MIN" \
+  --out "$WORK/dflash2" --export "$OUT/dflash2"
+dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash")
+[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor)
 step dspark "$WORK/dspark/ckpt.pt" $PY -m flashspark train dspark "${train_opts[@]}" --init-from "$OUT/dflash" \
+  "${dspark_opts[@]}" --lr "$DERIVED_LR" \
   --calib-from "$WORK/data_calibration" --calib-sequences "$EVAL_SEQ" --minutes "$DSPARK_MIN" \
   --out "$WORK/dspark" --export "$OUT/dspark"
+
+# The DFlash 2 confidence proxy and both schedulers' priors, in the loop on the calibration prompts.
+fit_opts=(--model "$TARGET" --device "$DEVICE" --threads "$THREADS" --prompts "$FIT_PROMPTS"
+  --max-new-tokens "$FIT_NEW" --batch-size "$FIT_BATCH")
+[[ -n $GEN_DTYPE ]] && fit_opts+=(--dtype "$GEN_DTYPE")
+step fit_proxy /nonexistent $PY -m flashspark fit-proxy "${fit_opts[@]}" --drafter "$OUT/dflash2"
+step fit_prior_dflash2 /nonexistent $PY -m flashspark fit-prior dflash2 "${fit_opts[@]}" --drafter-dir "$OUT/dflash2"
+step fit_prior_dspark /nonexistent $PY -m flashspark fit-prior dspark "${fit_opts[@]}" --drafter-dir "$OUT/dspark"
 
 # pipeline.json: what ran, how long each step took, and each drafter's held-out τ.
 $PY - "$OUT" "$TIMES" "$DEVICE" "$TARGET" "$WORK" <<'EOF'

@@ -342,11 +342,12 @@ def test_train_defaults_follow_the_target(tmp_path):
     )
     # DeepSpec's layout fine-tunes the backbone it starts from; DFlash's layout may share it frozen.
     assert Path(a.init_from).resolve() == data.ASSETS_DIR / "smollm2" / "dflash" and not a.share_backbone
-    assert a.minutes == 5 and a.sample_from_anchor
+    assert a.minutes == 5 and a.sample_from_anchor and not a.share_weights_with
+    # A frozen backbone's tensors stay in its directory: the export reads them from there.
     b = train_args(parser.parse_args(["train", "dspark", "--target", "smollm2", "--no-sample-from-anchor"]))
-    assert b.share_backbone and not b.sample_from_anchor
+    assert b.share_backbone and not b.sample_from_anchor and b.share_weights_with == b.init_from
     c = train_args(parser.parse_args(["train", "dflash2", "--target", "smollm2"]))
-    assert c.share_backbone
+    assert c.share_backbone and c.share_weights_with == c.init_from
     d = train_args(parser.parse_args(["train", "data", "--split", "heldout"]))
     assert (d.target, d.out) == ("smollm2", "runs/smollm2/data_heldout")
     assert default_out("smollm2", "train") == "runs/smollm2/data"

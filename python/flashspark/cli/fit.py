@@ -49,6 +49,7 @@ def add_calibration_run_args(p, temperatures_help: str) -> None:
         default=None,
         help="the target's dtype (default: its CPU dtype; float32 where bf16 matmuls are slow)",
     )
+    p.add_argument("--device", default="cpu", help="where the target and drafter run: cpu (default) or cuda")
 
 
 def add_fit_prior(sub) -> None:
@@ -96,7 +97,8 @@ def fit_setup(args, method: str, drafter_dir: str | None):
     ref = catalog.resolve_target(args.model)
     directory = Path(drafter_dir) if drafter_dir else catalog.drafter_dir(method, ref)
     prompts = calibration_prompts(args.prompts, args.prompt_tokens, ref)
-    target = catalog.load_target(ref, dtype=getattr(torch, args.dtype) if args.dtype else None)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    target = catalog.load_target(ref, dtype=dtype, device=args.device)
     # The tiny target's shipped fits decoded without a stop token; an instruct target stops at its EOS.
     tiny = ref.known is catalog.TARGETS[catalog.DEFAULT_TARGET]
     eos = None if tiny else catalog.eos_token_id(target, catalog.target_tokenizer(ref))
@@ -160,7 +162,8 @@ def collect_records(
         steps_before += st["iterations"]
         parts.append(rec)
 
-    return {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
+    # On the CPU: the fits and their reports are small and run there whatever decoded.
+    return {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]).cpu() for k in parts[0]}
 
 
 def run_fit_proxy(args) -> int:

@@ -68,7 +68,7 @@ def add_drafter_options(p, d: DFlashTrainArgs) -> None:
     )
     p.add_argument(
         "--share-weights-with",
-        default=d.share_weights_with,
+        default=None,
         metavar="DIR",
         help="export: tensors equal to this checkpoint's (a frozen --init-from backbone) are read from its "
         "files, not written again (`python -m flashspark export` writes a self-contained copy)",
@@ -274,6 +274,9 @@ def target_defaults(trainer: str, given: dict) -> dict:
         out["init_from"] = os.path.relpath(catalog.drafter_dir("dflash", known))
         # DSpark in DeepSpec's layout fine-tunes the backbone it starts from (its slots move by one).
         out["share_backbone"] = trainer == "dflash2" or not given.get("sample_from_anchor", True)
+        if given.get("share_backbone", out["share_backbone"]):
+            # The frozen backbone's tensors stay in its directory: the repository holds them once.
+            out["share_weights_with"] = given.get("init_from", out["init_from"])
     return {k: v for k, v in out.items() if k not in given}
 
 
