@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
@@ -85,30 +84,25 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
-def weight_file_map(path: str | Path) -> dict[str, Path]:
-    """Each tensor name of a checkpoint directory and the file that holds it."""
-    out = {}
-    for f in _weight_files(Path(path)):
-        with safe_open(str(f), "pt") as fh:
-            out.update(dict.fromkeys(fh.keys(), f))
-    return out
-
-
 def has_weights(path: str | Path) -> bool:
     """Whether a checkpoint directory holds weights: model.safetensors, or a shard index."""
     path = Path(path)
     return (path / WEIGHTS_NAME).is_file() or (path / INDEX_NAME).is_file()
 
 
-def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (every shard)."""
+def load_state_dict(path: str | Path, files: dict[str, Path] | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (every shard); `files`, when given, gets each
+    tensor's file."""
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
         try:
-            tensors.update(load_file(str(f)))
+            shard = load_file(str(f))
         except Exception as e:  # safetensors raises its own error types
             raise ValueError(f"cannot read weights file {f}: {e}") from None
+        tensors.update(shard)
+        if files is not None:
+            files.update(dict.fromkeys(shard, f))
     return tensors
 
 
@@ -132,8 +126,8 @@ def save_weights(
         share_with = Path(share_with)
         if share_with.resolve() == path.resolve():
             raise ValueError(f"{path} cannot share the tensors of its own directory")
-        theirs = load_state_dict(share_with)
-        where = weight_file_map(share_with)
+        where: dict[str, Path] = {}
+        theirs = load_state_dict(share_with, where)
         for n, t in state.items():
             other = theirs.get(n)
             if other is not None and other.dtype == t.dtype and other.shape == t.shape and torch.equal(other, t):

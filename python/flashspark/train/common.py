@@ -526,6 +526,13 @@ def predicted_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     return (anchors[..., None] + torch.arange(1, block_size, device=anchors.device)).flatten(1)
 
 
+def gather_positions(x: torch.Tensor, anchors: torch.Tensor, span: int) -> torch.Tensor:
+    """Rows anchor + j (j = 1..span-1, the drafts) of per-position tensors x [B, L, K] -> [B, nb, span-1, K]."""
+    B, nb = anchors.shape
+    pos = predicted_positions(anchors, span)
+    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, span - 1, -1)
+
+
 class HeadCandidates(NamedTuple):
     """The LM head's vocabulary for one batch (`head_candidates`): sorted token ids holding
     every label, and the log of how many tokens of the whole vocabulary each one stands for in
@@ -598,10 +605,8 @@ def block_loss(
     ce = F.cross_entropy(scored.flatten(0, 2), target.flatten(), reduction="none").view(B, nb, g - 1)
     weights = weights.to(ce.device)
     if distill > 0:
-        pos = predicted_positions(anchors, g)
-        K = topk[0].shape[-1]
-        ids = topk[0].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, g - 1, K)
-        logp = topk[1].gather(1, pos[..., None].expand(-1, -1, K)).view(B, nb, g - 1, K).float()
+        ids = gather_positions(topk[0], anchors, g)
+        logp = gather_positions(topk[1], anchors, g).float()
         p = logp.softmax(-1).nan_to_num(0.0)  # a position without a Top-K row (all -inf) adds 0
         if candidates is not None:
             ids = torch.searchsorted(candidates.ids, ids).clamp(max=len(candidates.ids) - 1)

@@ -55,6 +55,7 @@ from .common import (
     eval_batch,
     eval_description,
     eval_set,
+    gather_positions,
     generate_sequences,
     init_from_target,
     position_weights,
@@ -146,13 +147,6 @@ def sparse_tv(q: torch.Tensor, p_ids: torch.Tensor, p_logp: torch.Tensor) -> tor
     return 0.5 * ((p - qk).abs().sum(-1) + rest)
 
 
-def _gather_positions(x: torch.Tensor, anchors: torch.Tensor, span: int) -> torch.Tensor:
-    """Rows anchor + j (j = 1..span-1, the drafts) of per-position tensors x [B, L, K] -> [B, nb, span-1, K]."""
-    B, nb = anchors.shape
-    pos = (anchors[..., None] + torch.arange(1, span, device=anchors.device)).flatten(1)
-    return x.gather(1, pos[..., None].expand(-1, -1, x.shape[-1])).view(B, nb, span - 1, -1)
-
-
 # ------------------------------------------------------------------- loss
 def dspark_forward(drafter: DSparkDrafter, feats, tokens, anchors):
     """Packed training forward: draft states h and base logits U [B, nb, n, ...] of the drafting slots."""
@@ -189,7 +183,7 @@ def dspark_loss(
     if p_full is not None:
         tv = exact_tv(q, p_full)
     if p_ids is not None:
-        bound = sparse_tv(q, _gather_positions(p_ids, anchors, span), _gather_positions(p_logp, anchors, span))
+        bound = sparse_tv(q, gather_positions(p_ids, anchors, span), gather_positions(p_logp, anchors, span))
         tv = bound if p_full is None else torch.where(exact_rows[:, None, None], tv, bound)
     c_star = (1 - tv).detach().clamp(0, 1)
     ce = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
