@@ -69,7 +69,7 @@ format: $(VENV)/.deps
 # The CUDA kernels on the CPU (tests/cuda_on_cpu): every kernel against its CPU kernel under
 # AddressSanitizer and UndefinedBehaviorSanitizer, then the planted bugs that must fail.
 # Needs cmake and a C++20 compiler only (no torch, no GPU).
-COC_SUITES = coc_layer coc_verify coc_dflash coc_dflash2 coc_dspark
+COC_SUITES = coc_layer coc_verify coc_tree_verify coc_dflash coc_dflash2 coc_dspark
 cuda-on-cpu:
 	cmake -S . -B build/coc -DFLASHSPARK_CUDA=OFF -DCOC_SANITIZE=address,undefined > /dev/null
 	cmake --build build/coc -j $(MAX_JOBS) --target $(COC_SUITES)

@@ -6,7 +6,7 @@
 # step statuses and benchmark tables; build.log; pytest_cuda.log;
 # sanitizer_bad_input.log; sanitizer_<tool>_<suite>.log for the CUDA-vs-CPU
 # comparison drivers of tests/cuda_on_cpu built with nvcc; kernel_bench_cuda.txt;
-# verify_roofline.{md,json}; verify_vs_flashinfer.json; verify_bench_cuda.json;
+# verify_roofline.{md,json}; verify_vs_flashinfer.json; verify_bench_cuda.json; tree_verify_bench_cuda.json;
 # drafter_ops_bench_cuda.json; parity_cuda.log: z-lab's reference DFlash / DFlash 2 on the
 # GPU against our ops on the GPU, tests/models/test_zlab_parity.py).
 # Downloads nothing. The parity case needs the test oracles (transformers 5.23.0, dflash 0.1.0):
@@ -62,7 +62,7 @@ fi
 log "CUDA-vs-CPU comparison drivers (tests/cuda_on_cpu, built with nvcc) under compute-sanitizer"
 # What the CPU layer cannot check: real CUB, 32-lane lockstep, the memory model, shared-memory races.
 SAN_DEADLINE=$((SECONDS + 150))
-for suite in verify dflash dflash2 dspark; do
+for suite in verify tree_verify dflash dflash2 dspark; do
   exe=build/cmake/tests/cuda_on_cpu/coc_gpu_$suite
   [ -x "$exe" ] || { log "$exe missing: skipped"; continue; }
   for tool in memcheck racecheck synccheck; do
@@ -91,6 +91,11 @@ log "verify through torch, op vs reference"
 timeout 150 $PY bench/verify_bench.py --device cuda --quick --out "$OUT_DIR/verify_bench_cuda.json" 2>&1 \
   | tee -a "$SUMMARY"
 log "verify_bench exit ${PIPESTATUS[0]}"
+
+log "tree_verify through torch, op vs reference and vs verify on the same chain"
+timeout 60 $PY bench/tree_verify_bench.py --device cuda --quick --repeats 5 \
+  --out "$OUT_DIR/tree_verify_bench_cuda.json" 2>&1 | tee -a "$SUMMARY"
+log "tree_verify_bench exit ${PIPESTATUS[0]}"
 
 log "drafter ops through torch: attention vs SDPA, injection, two-tap conv, Top-K vs torch.topk, path, Markov step"
 timeout 150 $PY bench/drafter_ops_bench.py --device cuda --out "$OUT_DIR/drafter_ops_bench_cuda.json" 2>&1 \

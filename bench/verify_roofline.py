@@ -1,8 +1,9 @@
-"""On-paper roofline of the CUDA `verify` kernel: the bytes each phase must read, the time
-those bytes take at the HBM bandwidth, and the grid each phase launches, for
-B in {1, 8, 32, 64} x k in {4, 8} x V in {32000, 128256, 151936} (bf16 logits, sampled
-requests, one-hot drafts: the logits alone). Nothing is timed: this is the bar the first GPU
-run is measured against (flashspark_bench_cuda, bench/verify_bench.py --device cuda).
+"""On-paper roofline of the CUDA `verify` and `tree_verify` kernels: the bytes each phase must
+read, the time those bytes take at the HBM bandwidth, and the grid each phase launches, for
+B in {1, 8, 32, 64} x k in {4, 8} drafts (verify) or N in {16, 32, 64} tree nodes
+(tree_verify) x V in {32000, 128256, 151936} (bf16 logits, sampled requests, one-hot drafts:
+the logits alone). Nothing is timed: this is the bar the first GPU run is measured against
+(flashspark_bench_cuda, bench/verify_bench.py and bench/tree_verify_bench.py --device cuda).
 
     python bench/verify_roofline.py                 # H200: 4.8 TB/s
     python bench/verify_roofline.py --peak-gbs 3350 # H100 SXM
@@ -46,6 +47,41 @@ def grids(batch: int, k: int, vocab: int) -> dict:
         "race": (chunks, min(batch, 65535), VERIFY_THREADS),
         "finish": (walk, 1, 32 * VERIFY_WALK_WARPS),
     }
+
+
+def tree_bytes(batch: int, nodes: int, vocab: int, elem_bytes: int = 2, races: int | None = None) -> dict:
+    """tree_verify's bytes: phase 1 every node row once (N per request: the tree's rows are the
+    target forward's output, all of them reduced in parallel before the walks), phase 2 each
+    racing request's stop row again."""
+    races = batch if races is None else races
+    row = vocab * elem_bytes
+    phase1 = batch * nodes * row
+    phase2 = races * row
+    return {"phase1": phase1, "phase2": phase2, "total": phase1 + phase2}
+
+
+def tree_table(peak_gbs: float) -> list[dict]:
+    rows = []
+    for vocab in (32000, 128256, 151936):
+        for nodes in (16, 32, 64):
+            for batch in (1, 8, 32, 64):
+                b = tree_bytes(batch, nodes, vocab)
+                g = grids(batch, nodes - 1, vocab)  # the same four launches over N rows per request
+                rows.append(
+                    dict(
+                        batch=batch,
+                        nodes=nodes,
+                        vocab=vocab,
+                        mb=b["total"] / 1e6,
+                        phase1_mb=b["phase1"] / 1e6,
+                        phase2_mb=b["phase2"] / 1e6,
+                        roofline_us=b["total"] / (peak_gbs * 1e3),
+                        tiles_grid=g["tiles"],
+                        race_grid=g["race"],
+                        walk_grid=g["walk"],
+                    )
+                )
+    return rows
 
 
 def table(peak_gbs: float) -> list[dict]:
@@ -97,12 +133,32 @@ def main(argv=None):
             f"| {r['phase2_mb']:10.1f} | {r['roofline_us']:11.2f} | ({t[0]}, {t[1]}) × {t[2]} "
             f"| ({rc[0]}, {rc[1]}) × {rc[2]} | {w[0]} × {w[2]} |"
         )
+    trees = tree_table(args.peak_gbs)
+    head = "|   B |  N |      V |     MB | phase 1 MB | phase 2 MB | roofline µs | tiles grid (x, y) × threads | race grid |"
+    lines += [
+        "",
+        f"`tree_verify` (same kernels' shapes over N node rows per request, bf16, sampled) at {args.peak_gbs:.0f} GB/s. "
+        "Phase 1 reads every node row once, phase 2 each request's stop row.",
+        "",
+        head,
+        "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|",
+    ]
+    for r in trees:
+        t, rc = r["tiles_grid"], r["race_grid"]
+        lines.append(
+            f"| {r['batch']:3d} | {r['nodes']:2d} | {r['vocab']:6d} | {r['mb']:6.1f} | {r['phase1_mb']:10.1f} "
+            f"| {r['phase2_mb']:10.1f} | {r['roofline_us']:11.2f} | ({t[0]}, {t[1]}) × {t[2]} | ({rc[0]}, {rc[1]}) × {rc[2]} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out + ".md", "w") as f:
         f.write(text)
     with open(args.out + ".json", "w") as f:
-        json.dump({"peak_gbs": args.peak_gbs, "command": "python bench/verify_roofline.py", "rows": rows}, f, indent=1)
+        json.dump(
+            {"peak_gbs": args.peak_gbs, "command": "python bench/verify_roofline.py", "rows": rows, "tree_rows": trees},
+            f,
+            indent=1,
+        )
     return rows
 
 

@@ -160,6 +160,16 @@ inline const char* status_message(Status s) {
     case Status::kBadTargetProb:
       return "argument 'target_logits' holds probabilities (target_is_probs) with a value read that is NaN or "
              "outside [0, 1], or a row read with no mass";
+    case Status::kBadCuNumNodes:
+      return "argument 'cu_num_nodes' must start at 0, increase strictly (every tree has its root), and end at "
+             "the number of nodes";
+    case Status::kBadParent:
+      return "argument 'parents' gives a root a parent (it must be -1), or a node a parent outside its request "
+             "or not listed before it";
+    case Status::kTreeTooDeep:
+      return "a tree holds a node deeper than max_depth";
+    case Status::kNodeTokenRange:
+      return "argument 'node_tokens' holds a token id outside [0, V)";
   }
   return "invalid input";
 }

@@ -9,7 +9,9 @@
 #include "flashspark/cpu/dflash.h"
 #include "flashspark/cpu/dflash2.h"
 #include "flashspark/cpu/dspark.h"
+#include "flashspark/cpu/tree_verify.h"
 #include "flashspark/cpu/verify.h"
+#include "tree_verify_args.h"
 #include "verify_args.h"
 
 namespace flashspark::binding {
@@ -43,6 +45,27 @@ void verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tok
     cpu::verify_cpu(p, a.num_tokens, AtenParallelFor{});
   });
   st.raise_if_failed("verify");  // what only the walk sees: non-finite logits, bad dense q
+}
+
+void tree_verify_out_cpu(const at::Tensor& target_logits, const at::Tensor& node_tokens, const at::Tensor& parents,
+                         const at::Tensor& cu_num_nodes, const at::Tensor& temperature, const at::Tensor& seeds,
+                         const at::Tensor& offsets, int64_t max_depth, at::Tensor& out_accepted_nodes,
+                         at::Tensor& out_tokens, at::Tensor& out_num_accepted, bool target_is_probs,
+                         const std::optional<at::Tensor>& status) {
+  constexpr const char* op = "tree_verify";
+  const TreeVerifyArgs a = check_tree_verify_args(target_logits, node_tokens, parents, cu_num_nodes, temperature, seeds,
+                                                  offsets, max_depth, target_is_probs);
+  const NamedTensors all =
+      check_tree_verify_outputs(a, target_logits, out_accepted_nodes, out_tokens, out_num_accepted);
+  const CpuStatus st(status_ptr(status, a.batch, target_logits, all, op), a.batch);
+  std::vector<int32_t> scratch(2 * size_t(a.num_nodes));  // depths, then the stop nodes' child lists
+  dispatch_float(a.logits.scalar_type(), [&]<class T>() {
+    TreeVerifyParams<T> p = make_tree_verify_params<T>(a, out_accepted_nodes, out_tokens, out_num_accepted, st.ptr);
+    p.scratch = scratch.data();
+    raise_before_launch(st, a.batch, [&](int64_t b) { return tree_check_request(p, int32_t(b)); }, op);
+    cpu::tree_verify_cpu(p, AtenParallelFor{});
+  });
+  st.raise_if_failed(op);  // what only the walk sees: non-finite logits, bad probabilities
 }
 
 at::Tensor block_diffusion_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -153,4 +176,6 @@ TORCH_LIBRARY_IMPL(flashspark, CPU, m) {
   m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cpu);
   m.impl("verify", &flashspark::binding::verify_functional<flashspark::binding::verify_out_cpu>);
   m.impl("verify_out", &flashspark::binding::verify_out_cpu);
+  m.impl("tree_verify", &flashspark::binding::tree_verify_functional<flashspark::binding::tree_verify_out_cpu>);
+  m.impl("tree_verify_out", &flashspark::binding::tree_verify_out_cpu);
 }

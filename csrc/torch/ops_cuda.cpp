@@ -11,6 +11,7 @@
 #include "dflash_args.h"
 #include "dspark_args.h"
 #include "flashspark/cuda/launch.h"
+#include "tree_verify_args.h"
 #include "verify_args.h"
 
 namespace flashspark::binding {
@@ -39,6 +40,28 @@ void verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& draft_to
                                            target_logits.options().dtype(at::kByte));
     p.workspace = workspace.mutable_data_ptr();
     check_cuda(cuda::launch_verify<T>(p, a.num_tokens, stream), "verify");
+  });
+}
+
+void tree_verify_out_cuda(const at::Tensor& target_logits, const at::Tensor& node_tokens, const at::Tensor& parents,
+                          const at::Tensor& cu_num_nodes, const at::Tensor& temperature, const at::Tensor& seeds,
+                          const at::Tensor& offsets, int64_t max_depth, at::Tensor& out_accepted_nodes,
+                          at::Tensor& out_tokens, at::Tensor& out_num_accepted, bool target_is_probs,
+                          const std::optional<at::Tensor>& status) {
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  const TreeVerifyArgs a = check_tree_verify_args(target_logits, node_tokens, parents, cu_num_nodes, temperature, seeds,
+                                                  offsets, max_depth, target_is_probs);
+  const NamedTensors all =
+      check_tree_verify_outputs(a, target_logits, out_accepted_nodes, out_tokens, out_num_accepted);
+  int32_t* st = status_ptr(status, a.batch, target_logits, all, "tree_verify");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_float(a.logits.scalar_type(), [&]<class T>() {
+    TreeVerifyParams<T> p = make_tree_verify_params<T>(a, out_accepted_nodes, out_tokens, out_num_accepted, st);
+    // partials, walks, depths and child lists; the size depends on sizes only
+    const at::Tensor workspace = at::empty({tree_verify_workspace_bytes(a.batch, a.num_nodes, a.vocab)},
+                                           target_logits.options().dtype(at::kByte));
+    p.workspace = workspace.mutable_data_ptr();
+    check_cuda(cuda::launch_tree_verify<T>(p, stream), "tree_verify");
   });
 }
 
@@ -164,4 +187,6 @@ TORCH_LIBRARY_IMPL(flashspark, CUDA, m) {
   m.impl("inject_context_kv", &flashspark::binding::inject_context_kv_cuda);
   m.impl("verify", &flashspark::binding::verify_functional<flashspark::binding::verify_out_cuda>);
   m.impl("verify_out", &flashspark::binding::verify_out_cuda);
+  m.impl("tree_verify", &flashspark::binding::tree_verify_functional<flashspark::binding::tree_verify_out_cuda>);
+  m.impl("tree_verify_out", &flashspark::binding::tree_verify_out_cuda);
 }

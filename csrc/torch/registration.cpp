@@ -32,6 +32,14 @@ TORCH_LIBRARY(flashspark, m) {
       "Tensor(a!) out_tokens, Tensor(b!) out_num_accepted, Tensor? bonus_tokens=None, bool target_is_probs=False, "
       "Tensor(c!)? status=None) -> ()");
   m.def(
+      "tree_verify(Tensor target_logits, Tensor node_tokens, Tensor parents, Tensor cu_num_nodes, "
+      "Tensor temperature, Tensor seeds, Tensor offsets, int max_depth, *, bool target_is_probs=False, "
+      "Tensor(a!)? status=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "tree_verify_out(Tensor target_logits, Tensor node_tokens, Tensor parents, Tensor cu_num_nodes, "
+      "Tensor temperature, Tensor seeds, Tensor offsets, int max_depth, *, Tensor(a!) out_accepted_nodes, "
+      "Tensor(b!) out_tokens, Tensor(c!) out_num_accepted, bool target_is_probs=False, Tensor(d!)? status=None) -> ()");
+  m.def(
       "block_diffusion_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor ctx_lens, Tensor k_block, "
       "Tensor v_block, float scale, *, Tensor(a!)? status=None) -> Tensor");
   m.def(

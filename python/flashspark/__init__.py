@@ -16,7 +16,7 @@ except ImportError as e:  # pragma: no cover - only without a build
     ) from e
 
 from flashspark import ops  # noqa: E402
-from flashspark.ops import raise_on_status, verify, verify_out  # noqa: E402
+from flashspark.ops import raise_on_status, tree_verify, tree_verify_out, verify, verify_out  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["ops", "raise_on_status", "verify", "verify_out"]
+__all__ = ["ops", "raise_on_status", "tree_verify", "tree_verify_out", "verify", "verify_out"]

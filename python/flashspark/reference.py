@@ -25,6 +25,7 @@ from .ops.philox import (
     philox_u32,
     uniform_open01,
 )
+from .ops.tree_verify import tree_from_paths, tree_verify_reference
 from .ops.verify import verify_reference
 
 __all__ = [
@@ -54,4 +55,6 @@ __all__ = [
     "philox_u32",
     "uniform_open01",
     "verify_reference",
+    "tree_verify_reference",
+    "tree_from_paths",
 ]

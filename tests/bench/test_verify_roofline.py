@@ -37,4 +37,14 @@ def test_bytes_and_grids():
 def test_table_writes_every_combination(tmp_path):
     rows = verify_roofline.main(["--out", str(tmp_path / "r")])
     assert len(rows) == 4 * 2 * 3
-    assert (tmp_path / "r.md").read_text().count("\n|") == 2 + 24
+    text = (tmp_path / "r.md").read_text()
+    assert text.count("\n|") == 2 + 24 + 2 + 36  # verify's table, then tree_verify's (3 V x 3 N x 4 B)
+
+
+def test_tree_bytes():
+    """tree_verify reads every node row once, then each racing request's stop row."""
+    b = verify_roofline.tree_bytes(8, 32, 151936)
+    assert b["phase1"] == 8 * 32 * 151936 * 2 and b["phase2"] == 8 * 151936 * 2
+    assert verify_roofline.tree_bytes(8, 32, 151936, races=0)["phase2"] == 0
+    # a chain of N nodes is verify's k = N - 1 drafts plus the bonus row: the same bytes
+    assert verify_roofline.tree_bytes(4, 9, 1000) == verify_roofline.verify_bytes(4, 8, 1000)

@@ -116,7 +116,7 @@ MUTANTS = {
     ),
     "verify-tiles-scratch-unsynced": (
         "include/flashspark/cuda/verify.cuh",
-        "    __syncthreads();                                       // the scratch is reused next row\n",
+        "    __syncthreads();                                        // the scratch is reused next row\n",
         "",
         "verify",
     ),
@@ -131,6 +131,45 @@ MUTANTS = {
         "    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;",
         "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
         "verify",
+    ),
+    # --- tree_verify's walk and race: the stop row raced at the next depth's stream, the walk's
+    # partials read from the wrong base, the prefill racing the walk's writes, a lane's chunks of
+    # the race left out of the merge, a block's race taken from thread 1
+    "tree-race-position": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "position = uint64_t(p.offsets[b]) + w.depth;",
+        "position = uint64_t(p.offsets[b]) + w.depth + 1;",
+        "tree_verify",
+    ),
+    "tree-walk-rows-base": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "VerifyMergedBackend<T> be{ws.rows + first * chunks, chunks, lane};",
+        "VerifyMergedBackend<T> be{ws.rows + first, chunks, lane};",
+        "tree_verify",
+    ),
+    "tree-walk-prefill-unsynced": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "  for (int64_t i = lane; i < width; i += 32) nodes[i] = tokens[i] = -1;\n  __syncwarp();\n",
+        "  for (int64_t i = lane; i < width; i += 32) nodes[i] = tokens[i] = -1;\n",
+        "tree_verify",
+    ),
+    "tree-finish-lane-stride": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "  for (int32_t c = lane; c < chunks; c += 32) r = race_merge(",
+        "  for (int32_t c = lane; c < chunks; c += 64) r = race_merge(",
+        "tree_verify",
+    ),
+    "tree-cub-thread1": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;",
+        "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
+        "tree_verify",
+    ),
+    "tree-tiles-rows-short": (
+        "include/flashspark/cuda/tree_verify.cuh",
+        "  const int64_t num_rows = p.num_nodes;",
+        "  const int64_t num_rows = p.num_nodes - 1;",
+        "tree_verify",
     ),
     # --- two_tap_conv's group size and the finish conv's taps: the group taken as the default 16,
     # the finish taps projected from the conv's own rows (the wrong half of delta_weight), never

@@ -19,7 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^<>;(){}]*>)?)\s*<<<(.*?)>>>\s*\(", re.S)
+# a kernel name with template arguments, themselves templates at most one level deep
+LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<(?:[^<>;(){}]|<[^<>;(){}]*>)*>)?)\s*<<<(.*?)>>>\s*\(", re.S)
 EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
 
 

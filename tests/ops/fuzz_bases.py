@@ -37,6 +37,21 @@ VERIFY_BASE = st.fixed_dictionaries(
     )
 )
 
+# Trees: B requests of 1..6 nodes; the builder (fuzz_child.build_tree_verify) grows each tree from
+# the seed: parents earlier in the request, children's tokens mostly their parent row's argmax (the
+# walks go deep), now and then a sibling's token again or a padding node (parents -1 on a later node).
+TREE_VERIFY_BASE = st.fixed_dictionaries(
+    dict(
+        seed=SEEDS,
+        num_nodes=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+        V=st.integers(1, 40),
+        dtype=FLOATS,
+        temps=TEMPS,
+        extra_depth=st.integers(0, 2),
+        index64=st.booleans(),
+    )
+)
+
 BASE_STRATEGIES = {
     "verify": VERIFY_BASE,
     "verify_out": VERIFY_BASE,
@@ -122,6 +137,10 @@ BASE_STRATEGIES = {
             index64=st.booleans(),
         )
     ),
+    # last: an op's draws are seeded by its position here, so the others keep their seeds (the literals
+    # of this file, which hypothesis mixes in, still move a few of their draws)
+    "tree_verify": TREE_VERIFY_BASE,
+    "tree_verify_out": TREE_VERIFY_BASE,
 }
 
 

@@ -152,6 +152,78 @@ def build_verify_out(b):
     return a, m
 
 
+TREE_PADDING = 0.1  # chance that a later node of a tree is padding (parents -1: never walked)
+TREE_DUPLICATE = 0.15  # chance that a child repeats a sibling's token (legal: the first listed wins)
+TREE_ARGMAX = 0.75  # chance that a child holds its parent row's argmax (the walks go deep)
+
+
+def build_tree_verify(b):
+    """Random trees grown from the seed: node i's parent is an earlier tree node of its request (often
+    i - 1, so chains form), its token mostly the parent row's argmax. The second node of a request is
+    never padding (a request of two nodes or more has depth >= 1); with ``pad`` the last node of
+    request 0 is."""
+    g = gen(b["seed"])
+    rng = random.Random(b["seed"])
+    sizes = list(b["num_nodes"])
+    B, V = len(sizes), b["V"]
+    N = sum(sizes)
+    dt = DTYPES[b["dtype"]]
+    it = idx_dtype(b)
+    logits = torch.randn(N, V, generator=g) * 3.0
+    read = logits.to(dt).float()  # the argmax the op sees
+    tokens, parents, depth, cu = [], [], [], [0]
+    for r, n in enumerate(sizes):
+        lo = len(tokens)
+        for i in range(n):
+            pad = i >= 2 and (rng.random() < TREE_PADDING or (b.get("pad") and r == 0 and i == n - 1))
+            if i == 0 or pad:
+                tokens.append(rng.randrange(V) if V else 0)
+                parents.append(-1)
+                depth.append(0)
+                continue
+            tree = [j for j in range(lo, lo + i) if j == lo or parents[j] != -1]
+            parent = tree[-1] if rng.random() < 0.5 else rng.choice(tree)
+            siblings = [tokens[j] for j in range(lo, lo + i) if parents[j] == parent]
+            if siblings and rng.random() < TREE_DUPLICATE:
+                tok = rng.choice(siblings)
+            elif V and rng.random() < TREE_ARGMAX:
+                tok = int(read[parent].argmax())
+            else:
+                tok = rng.randrange(V) if V else 0
+            tokens.append(tok)
+            parents.append(parent)
+            depth.append(depth[parent] + 1)
+        cu.append(len(tokens))
+    temps = (list(b["temps"]) + [1.0] * B)[:B]
+    if b.get("probs"):  # the target's probabilities (target_is_probs): greedy or temperature 1
+        logits = torch.softmax(logits, dim=-1)
+        temps = [0.0 if t < GREEDY_FLOOR else 1.0 for t in temps]
+    deepest = max(depth, default=0)
+    a = dict(
+        target_logits=logits.to(dt),
+        node_tokens=torch.tensor(tokens, dtype=it),
+        parents=torch.tensor(parents, dtype=it),
+        cu_num_nodes=torch.tensor(cu, dtype=it),
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        seeds=torch.arange(B, dtype=torch.int64) * 7919 + b["seed"] % 1000,
+        offsets=torch.arange(B, dtype=torch.int64) * 5,
+        max_depth=deepest + b["extra_depth"],
+    )
+    if b.get("probs"):
+        a["target_is_probs"] = True
+    m = dict(B=B, V=V, N=N, cu=cu, n=sizes, temps=temps, dtype=dt, deepest=deepest, depth=depth, parents=parents)
+    return a, m
+
+
+def build_tree_verify_out(b):
+    a, m = build_tree_verify(b)
+    W = a["max_depth"] + 1
+    a["out_accepted_nodes"] = torch.full((m["B"], W), 123, dtype=torch.int32)
+    a["out_tokens"] = torch.full((m["B"], W), 123, dtype=torch.int32)
+    a["out_num_accepted"] = torch.full((m["B"],), 77, dtype=torch.int32)
+    return a, m
+
+
 def build_attention(b):
     g = gen(b["seed"])
     B, G, hkv, D = b["B"], b["G"], b["Hkv"], b["D"]
@@ -309,6 +381,8 @@ def build_markov(b):
 BUILDERS = {
     "verify": build_verify,
     "verify_out": build_verify_out,
+    "tree_verify": build_tree_verify,
+    "tree_verify_out": build_tree_verify_out,
     "block_diffusion_attention": build_attention,
     "inject_context_kv": build_inject,
     "two_tap_conv": build_conv,
@@ -341,6 +415,14 @@ NEEDS = {
     "f32": lambda b: b.update(dtype="float32"),
     "bonus": lambda b: b.update(bonus=True, V=max(b["V"], 1)),
     "probs": lambda b: b.update(probs=True, V=max(b["V"], 1)),
+    # tree_verify / tree_verify_out
+    "tree_B2": lambda b: b.update(num_nodes=(list(b["num_nodes"]) + [2, 3])[: max(2, len(b["num_nodes"]))]),
+    "tree_nodes2": lambda b: b.update(num_nodes=[max(2, b["num_nodes"][0])] + list(b["num_nodes"][1:])),
+    "tree_nodes3": lambda b: b.update(num_nodes=[max(3, b["num_nodes"][0])] + list(b["num_nodes"][1:])),
+    "tree_second2": lambda b: b.update(
+        num_nodes=[b["num_nodes"][0], max(2, (list(b["num_nodes"]) + [2])[1])] + list(b["num_nodes"][2:])
+    ),
+    "tree_pad": lambda b: b.update(pad=True, num_nodes=[max(3, b["num_nodes"][0])] + list(b["num_nodes"][1:])),
     # attention
     "unread": lambda b: b.update(ctx=[min(c, 3) for c in b["ctx"]], S_extra=max(b["S_extra"], 1)),
     "ctx1": lambda b: b.update(ctx=[max(c, 1) for c in b["ctx"]]),
@@ -681,9 +763,9 @@ def _first_row(m, rng):
     return m["cu"][b] + b
 
 
-def _logit_at(value, whole_row=False):
+def _logit_at(value, whole_row=False, row_of=_first_row):
     def where(a, m, rng):
-        row = _first_row(m, rng)
+        row = row_of(m, rng)
         if row is None or m["V"] == 0:
             return None
         return (row, slice(None)) if whole_row else (row, rng.randrange(m["V"]))
@@ -1084,6 +1166,410 @@ def _alias_acc_over_cu(a, m, rng):
     buf = a["cu_num_draft"].to(torch.int32).clone()
     a["cu_num_draft"] = buf
     a["out_num_accepted"] = buf[:B]
+    return a
+
+
+# tree_verify -------------------------------------------------------------------------------
+
+
+def _root_row(m, rng):
+    """The root row of a random request: every walk reads it."""
+    if m["B"] == 0:
+        return None
+    return m["cu"][rng.randrange(m["B"])]
+
+
+def _padding_row(m, rng):
+    """The row of request 0's last node when it is padding (parents -1): never read."""
+    if m["B"] == 0 or m["n"][0] < 2 or m["parents"][m["cu"][1] - 1] != -1:
+        return None
+    return m["cu"][1] - 1
+
+
+def _tree_shrink_vocab(a, m, rng, arg):
+    """One vocabulary column less: valid unless a node's token is the last id."""
+    out = m_shrink(-1)(a, m, rng, arg)
+    if out is None:
+        return None
+    V = out[arg].shape[-1]
+    tokens = a["node_tokens"]
+    m["expect"] = "error" if V == 0 or (tokens.numel() and int(tokens.max()) >= V) else "ok"
+    return out
+
+
+def _tree_parent(kind):
+    """parents made invalid in one request: a parent listed after its child, a parent in the request
+    before, a root given a parent (the previous request's last node), a node its own parent."""
+
+    def f(a, m, rng, arg):
+        cu, n, B = m["cu"], m["n"], m["B"]
+        least = 3 if kind == "after" else 2
+        bs = [b for b in range(B) if (kind == "root" or n[b] >= least) and (b >= 1 or kind in ("after", "self"))]
+        if not bs:
+            return None
+        b = rng.choice(bs)
+        lo, hi = cu[b], cu[b + 1]
+        par = a["parents"].clone()
+        if kind == "root":
+            i, parent = lo, lo - 1
+        elif kind == "after":
+            i = rng.randrange(lo + 1, hi - 1)
+            parent = rng.randrange(i + 1, hi)
+        elif kind == "other":
+            i, parent = rng.randrange(lo + 1, hi), rng.randrange(cu[b - 1], lo)
+        else:  # "self"
+            i = rng.randrange(lo + 1, hi)
+            parent = i
+        par[i] = parent
+        a["parents"] = par
+        m["bad_request"] = b
+        return a
+
+    return f
+
+
+def _tree_make_padding(a, m, rng, arg):
+    """A non-root node turned into padding (parents -1): valid, its subtree is cut off."""
+    nodes = [i for b in range(m["B"]) for i in range(m["cu"][b] + 1, m["cu"][b + 1]) if m["parents"][i] != -1]
+    if not nodes:
+        return None
+    par = a["parents"].clone()
+    par[rng.choice(nodes)] = -1
+    a["parents"] = par
+    return a
+
+
+def _tree_cu_change(kind):
+    def f(a, m, rng, arg):
+        cu = a["cu_num_nodes"].clone()
+        if kind == "decreasing":
+            if cu.numel() < 3:
+                return None
+            cu[1] = cu[2] + 1
+        elif kind == "first":
+            cu[0] = 1
+        elif kind == "last":
+            cu[-1] = cu[-1] - 1
+        elif kind == "wrap":
+            cu = cu.long()
+            cu[-1] += BIG
+        elif kind == "empty-request":  # request b holds no node (not even its root)
+            B = cu.numel() - 1
+            if B == 0:
+                return None
+            b = rng.randrange(max(B - 1, 1))
+            cu[b + 1] = cu[b]
+            m["bad_request"] = b
+        a["cu_num_nodes"] = cu
+        return a
+
+    return f
+
+
+def _tree_p_of_first_child(value):
+    """On probabilities: set p at the token of the root's first child in a sampled request; the walk
+    reads it (the running sum starts there), so the call must fail."""
+
+    def f(a, m, rng):
+        bs = [b for b in range(m["B"]) if m["temps"][b] >= GREEDY_FLOOR and m["n"][b] >= 2]
+        if not bs:
+            return None
+        b = rng.choice(bs)
+        lo = m["cu"][b]
+        t = a["target_logits"].clone()
+        t[lo, int(a["node_tokens"][lo + 1])] = value  # node lo + 1 is a child of the root (the builder)
+        a["target_logits"] = t
+        m["bad_request"] = b
+        return a
+
+    return f
+
+
+def _tree_max_depth(value, out_variant):
+    def f(a, m, rng):
+        a["max_depth"] = value(a, m)
+        if out_variant and 0 <= a["max_depth"] <= 2 * 4096:
+            W = a["max_depth"] + 1
+            a["out_accepted_nodes"] = torch.full((m["B"], W), 123, dtype=torch.int32)
+            a["out_tokens"] = torch.full((m["B"], W), 123, dtype=torch.int32)
+        return a
+
+    return f
+
+
+def _tree_node(a, m, rng):
+    """A random node inside a tree (a root, or a node with a parent): its token is checked."""
+    nodes = [i for i, p in enumerate(m["parents"]) if p != -1 or i in m["cu"][:-1]]
+    return (rng.choice(nodes),) if nodes else None
+
+
+def _padding_node(a, m, rng):
+    nodes = [i for i, p in enumerate(m["parents"]) if p == -1 and i not in m["cu"][:-1]]
+    return (rng.choice(nodes),) if nodes else None
+
+
+def _zero_depth(a, m):
+    """max_depth 0: valid exactly when no tree has a node below its root."""
+    if m["deepest"] == 0:
+        m["expect"] = "ok"
+    return 0
+
+
+def tree_verify_mutations(out_variant=False):
+    t = {}
+    spec = dict(
+        target_logits=("float", 2),
+        node_tokens=("index", 1),
+        parents=("index", 1),
+        cu_num_nodes=("index", 1),
+        temperature=("temp", 1),
+        seeds=("int64", 1),
+        offsets=("int64", 1),
+    )
+    ov = {
+        "shape:target_logits:grow-1": "ok",  # one more vocabulary column: every token still in range
+        "shape:target_logits:shrink-1": None,  # see below
+        "stride:cu_num_nodes:expand": "error",  # cu all 0: the requests own no node
+    }
+    generic(t, spec, ov)
+    t["valid"] = Mutation("", lambda a, m, rng: a, "ok")
+    add(t, "shape:target_logits:shrink-1", "target_logits", _tree_shrink_vocab, "ok")
+    # values: tokens out of range; parents out of range or breaking the tree; a padding node is valid
+    # a tree node's token out of range fails its request; a padding node's is never read
+    for label, value, wide in [
+        ("-2", -2, False),
+        ("upper", lambda t, i, m: m["V"], False),
+        ("2**32+3", BIG + 3, True),
+        ("2**32+valid", wrapped, True),
+    ]:
+        add(t, f"value:node_tokens:{label}", "node_tokens", m_set_elem(value, _tree_node, wide), "error")
+    add(t, "value:node_tokens:padding--1", "node_tokens", m_set_elem(-1, _padding_node), "ok", ("tree_pad",))
+    add_index_values(t, "parents", lambda m: m["N"])
+    for kind, needs in [
+        ("after", ("tree_nodes3",)),
+        ("other", ("tree_B2", "tree_second2")),
+        ("root", ("tree_B2",)),
+        ("self", ("tree_nodes2",)),
+    ]:
+        add(t, f"value:parents:{kind}", "parents", _tree_parent(kind), "error", needs)
+    add(t, "value:parents:padding", "parents", _tree_make_padding, "ok", ("tree_nodes2",))
+    for kind in ["decreasing", "first", "last", "wrap", "empty-request"]:
+        add(t, f"value:cu_num_nodes:{kind}", "cu_num_nodes", _tree_cu_change(kind), "error", ("tree_B2",))
+    add(t, "value:seeds:-1", "seeds", m_set_elem(-1), "ok")
+    add(t, "value:offsets:-1", "offsets", m_set_elem(-1), "ok")
+    add(t, "value:offsets:2**40", "offsets", m_set_elem(2**40), "ok")
+    add_temperature(t)
+    # probabilities instead of logits: valid as given; a p read that is not a probability, a root row
+    # with no mass, or a temperature other than 0 / 1 fail
+    add(t, "valid:target_is_probs", "target_logits", lambda a, m, rng, arg: a, "ok", ("probs",))
+    for label, value in [("nan", float("nan")), ("-0.5", -0.5), ("1.5", 1.5)]:
+        cls = "value" if label != "nan" else "nonfinite"
+        add(
+            t,
+            f"{cls}:target_logits:probs-{label}",
+            "target_logits",
+            _tree_p_of_first_child(value),
+            "error",
+            ("probs", "tree_nodes2", "sampled"),
+            takes_arg=False,
+        )
+    add(
+        t,
+        "value:target_logits:probs-zero-row",
+        "target_logits",
+        _logit_at(0.0, whole_row=True, row_of=_root_row),
+        "error",
+        ("probs",),
+    )
+    add(t, "value:temperature:probs-0.5", "temperature", _probs_temperature, "error", ("probs",), takes_arg=False)
+    # logits of a root row (every walk reads it): NaN / +inf are errors, -inf a mask, any finite
+    # magnitude fine; a padding row is never read, NaN there is fine
+    for label, value, expect in [
+        ("nan", float("nan"), "error"),
+        ("+inf", float("inf"), "error"),
+        ("-inf", float("-inf"), "ok"),
+        ("1e38", 1e38, "ok"),
+        ("-1e38", -1e38, "ok"),
+    ]:
+        add(t, f"nonfinite:target_logits:{label}", "target_logits", _logit_at(value, row_of=_root_row), expect)
+    for label, value in [("-inf", float("-inf")), ("nan", float("nan"))]:
+        add(
+            t,
+            f"nonfinite:target_logits:{label}-row",
+            "target_logits",
+            _logit_at(value, whole_row=True, row_of=_root_row),
+            "error",
+        )
+    add(
+        t,
+        "nonfinite:target_logits:nan-padding-row",
+        "target_logits",
+        _logit_at(float("nan"), whole_row=True, row_of=_padding_row),
+        "ok",
+        ("tree_pad",),
+    )
+    # python ints (tree_verify_out: with outputs of the matching width where they can be allocated)
+    for label, value, expect in [
+        ("-1", lambda a, m: -1, "error"),
+        ("2**31", lambda a, m: 2**31, "error"),
+        ("2**32+3", lambda a, m: 2**32 + 3, "error"),
+        ("4097", lambda a, m: 4097, "error"),
+        ("2**63-1", lambda a, m: 2**63 - 1, "error"),
+        ("4096", lambda a, m: 4096, "ok"),
+        ("below-deepest", lambda a, m: m["deepest"] - 1, "error"),
+        ("above", lambda a, m: a["max_depth"] + 5, "ok"),
+        ("0", _zero_depth, "error"),
+    ]:
+        add(
+            t,
+            f"size:max_depth:{label}",
+            "max_depth",
+            _tree_max_depth(value, out_variant),
+            expect,
+            ("tree_nodes2",) if label == "below-deepest" else (),
+            takes_arg=False,
+        )
+    # empty dims
+    add_empty(t, "cu_num_nodes", "requests=0", {"num_nodes": []}, "ok")
+    add_empty(t, "target_logits", "vocab=0", {"V": 0}, "error")
+    # aliasing between inputs: read-only, so valid
+    add(t, "alias:offsets:seeds", "offsets", lambda a, m, rng: dict(a, offsets=a["seeds"]), "ok", takes_arg=False)
+    if out_variant:
+        # documented as contiguous: a strided out may be rejected, or written through the view
+        generic(
+            t,
+            dict(out_accepted_nodes=("out", 2), out_tokens=("out", 2), out_num_accepted=("out", 1)),
+            {
+                "stride:out_num_accepted:wide": "ok",
+                "stride:out_accepted_nodes:wide": "either",
+                "stride:out_accepted_nodes:step": "either",
+                "stride:out_accepted_nodes:transposed": "either",
+                "stride:out_tokens:wide": "either",
+                "stride:out_tokens:step": "either",
+                "stride:out_tokens:transposed": "either",
+                "stride:out_num_accepted:step": "either",
+            },
+        )
+        add(
+            t,
+            "size:max_depth:out-width-mismatch",
+            "out_tokens",
+            lambda a, m, rng: dict(a, max_depth=a["max_depth"] + 1),
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_num_accepted:out_tokens",
+            "out_num_accepted",
+            lambda a, m, rng: dict(a, out_num_accepted=a["out_tokens"].view(-1)[: m["B"]]),
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_accepted_nodes:out_tokens",
+            "out_accepted_nodes",
+            lambda a, m, rng: dict(a, out_accepted_nodes=a["out_tokens"]),
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_tokens:out_num_accepted",
+            "out_tokens",
+            _tree_alias_tokens_over_acc,
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t,
+            "alias:out_tokens:target_logits",
+            "out_tokens",
+            _tree_alias_out_over_logits,
+            "error",
+            ("f32",),
+            takes_arg=False,
+        )
+        for out_name, index_name in [("out_accepted_nodes", "node_tokens"), ("out_tokens", "parents")]:
+            add(
+                t,
+                f"alias:{out_name}:{index_name}",
+                out_name,
+                _tree_alias_out_over_index(out_name, index_name),
+                "error",
+                takes_arg=False,
+            )
+        add(
+            t,
+            "alias:out_num_accepted:cu_num_nodes",
+            "out_num_accepted",
+            _tree_alias_acc_over_cu,
+            "error",
+            takes_arg=False,
+        )
+        add(
+            t, "alias:out_tokens:disjoint-views-of-one-buffer", "out_tokens", _tree_disjoint_outs, "ok", takes_arg=False
+        )
+    return t
+
+
+def _tree_alias_tokens_over_acc(a, m, rng):
+    B, W = m["B"], a["max_depth"] + 1
+    if B == 0:
+        return None
+    buf = torch.full((B * W + B,), 5, dtype=torch.int32)
+    a["out_tokens"] = buf[: B * W].view(B, W)
+    a["out_num_accepted"] = buf[B * W - B : B * W]
+    return a
+
+
+def _tree_alias_out_over_logits(a, m, rng):
+    """out_tokens as the int32 view of the start of the logits' float32 storage."""
+    B, W = m["B"], a["max_depth"] + 1
+    lg = a["target_logits"]
+    if lg.dtype != torch.float32 or lg.numel() == 0 or B == 0:
+        return None
+    buf = torch.zeros(max(lg.numel(), B * W), dtype=torch.float32)
+    buf[: lg.numel()] = lg.reshape(-1)
+    a["target_logits"] = buf[: lg.numel()].view(lg.shape)
+    a["out_tokens"] = buf.view(torch.int32)[: B * W].view(B, W)
+    return a
+
+
+def _tree_alias_out_over_index(out_name, index_name):
+    """An int32 output whose buffer starts with the values of an index input (node_tokens, parents)."""
+
+    def f(a, m, rng):
+        B, W, N = m["B"], a["max_depth"] + 1, m["N"]
+        if B == 0 or N == 0:
+            return None
+        buf = torch.zeros(max(B * W, N), dtype=torch.int32)
+        buf[:N] = a[index_name].to(torch.int32)
+        a[index_name] = buf[:N]
+        a[out_name] = buf[: B * W].view(B, W)
+        return a
+
+    return f
+
+
+def _tree_alias_acc_over_cu(a, m, rng):
+    B = m["B"]
+    if B == 0:
+        return None
+    buf = a["cu_num_nodes"].to(torch.int32).clone()
+    a["cu_num_nodes"] = buf
+    a["out_num_accepted"] = buf[:B]
+    return a
+
+
+def _tree_disjoint_outs(a, m, rng):
+    """The three outputs carved from one buffer without overlap: valid."""
+    B, W = m["B"], a["max_depth"] + 1
+    buf = torch.full((2 * B * W + B,), 5, dtype=torch.int32)
+    a["out_accepted_nodes"] = buf[: B * W].view(B, W)
+    a["out_tokens"] = buf[B * W : 2 * B * W].view(B, W)
+    a["out_num_accepted"] = buf[2 * B * W :]
     return a
 
 
@@ -1708,6 +2194,8 @@ def markov_mutations():
 MUTATIONS = {
     "verify": verify_mutations(),
     "verify_out": verify_mutations(out_variant=True),
+    "tree_verify": tree_verify_mutations(),
+    "tree_verify_out": tree_verify_mutations(out_variant=True),
     "block_diffusion_attention": attention_mutations(),
     "inject_context_kv": inject_mutations(),
     "two_tap_conv": conv_mutations(),
@@ -1723,6 +2211,8 @@ MUTATIONS = {
 STATUS_LEN = {
     "verify": lambda a: a["cu_num_draft"].shape[0] - 1,
     "verify_out": lambda a: a["cu_num_draft"].shape[0] - 1,
+    "tree_verify": lambda a: a["cu_num_nodes"].shape[0] - 1,
+    "tree_verify_out": lambda a: a["cu_num_nodes"].shape[0] - 1,
     "block_diffusion_attention": lambda a: a["q"].shape[0],
     "inject_context_kv": lambda a: a["k"].shape[0],
     "two_tap_conv": lambda a: 1,
@@ -1733,6 +2223,8 @@ STATUS_LEN = {
 STATUS_ALIAS = {
     "verify": ("cu_num_draft", ()),
     "verify_out": ("out_num_accepted", ()),
+    "tree_verify": ("cu_num_nodes", ()),
+    "tree_verify_out": ("out_num_accepted", ()),
     "block_diffusion_attention": ("ctx_lens", ()),
     "inject_context_kv": ("slots", ()),
     "two_tap_conv": ("cu_blocks", ("ragged",)),
@@ -1815,6 +2307,8 @@ def _at_least_two(op):
     def need(b):
         if op in ("verify", "verify_out"):
             NEEDS["B2"](b)
+        elif op in ("tree_verify", "tree_verify_out"):
+            NEEDS["tree_B2"](b)
         elif op == "block_diffusion_attention" or op == "markov_step":
             b["B"] = max(b["B"], 2)
         elif op == "inject_context_kv":
@@ -1874,6 +2368,40 @@ def call_verify_out(a):
         **_st(a),
     )
     return a["out_tokens"], a["out_num_accepted"]
+
+
+def call_tree_verify(a):
+    return ops.tree_verify(
+        a["target_logits"],
+        a["node_tokens"],
+        a["parents"],
+        a["cu_num_nodes"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_depth=a["max_depth"],
+        target_is_probs=a.get("target_is_probs", False),
+        **_st(a),
+    )
+
+
+def call_tree_verify_out(a):
+    ops.tree_verify_out(
+        a["target_logits"],
+        a["node_tokens"],
+        a["parents"],
+        a["cu_num_nodes"],
+        temperature=a["temperature"],
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_depth=a["max_depth"],
+        out_accepted_nodes=a["out_accepted_nodes"],
+        out_tokens=a["out_tokens"],
+        out_num_accepted=a["out_num_accepted"],
+        target_is_probs=a.get("target_is_probs", False),
+        **_st(a),
+    )
+    return a["out_accepted_nodes"], a["out_tokens"], a["out_num_accepted"]
 
 
 def call_attention(a):
@@ -1974,6 +2502,11 @@ def planted_verify_offsets(a):
     return call_verify(dict(a, offsets=a["offsets"] + 1))
 
 
+def planted_tree_verify_offsets(a):
+    """Tree walks drawing at the wrong stream position: well formed, only the reference can tell."""
+    return call_tree_verify(dict(a, offsets=a["offsets"] + 1))
+
+
 def planted_verify_status_swallowed(a):
     """A status that stays 0 whatever happens: the bad request is never reported."""
     status = a.get("status")
@@ -2028,11 +2561,14 @@ IMPLS = {
     "planted_hang": planted_hang,
     "planted_verify_offsets": planted_verify_offsets,
     "planted_verify_status_swallowed": planted_verify_status_swallowed,
+    "planted_tree_verify_offsets": planted_tree_verify_offsets,
     "planted_markov_plain_softmax": planted_markov_plain_softmax,
     "planted_inject_stray_write": planted_inject_stray_write,
     "planted_conv_finish_wrong_half": planted_conv_finish_wrong_half,
     "verify": call_verify,
     "verify_out": call_verify_out,
+    "tree_verify": call_tree_verify,
+    "tree_verify_out": call_tree_verify_out,
     "block_diffusion_attention": call_attention,
     "inject_context_kv": call_inject,
     "two_tap_conv": call_conv,
@@ -2171,6 +2707,93 @@ def check_verify(a, out, m, mut):
         errs.append(
             f"differs from verify_reference: tokens {tokens.tolist()} acc {acc.tolist()}, "
             f"reference {want[0].tolist()} acc {want[1].tolist()}"
+        )
+    return errs
+
+
+def _tree_reachable(parents, lo, hi):
+    """Nodes of a request the walk may reach: the root, and every node whose parent is reachable
+    (a parent precedes its child; padding and its subtree are out)."""
+    reach = {lo}
+    for i in range(lo + 1, hi):
+        if parents[i] in reach:
+            reach.add(i)
+    return sorted(reach)
+
+
+def check_tree_verify(a, out, m, mut):
+    errs = []
+    nodes, tokens, acc = out
+    cu = a["cu_num_nodes"].long().tolist()
+    B = len(cu) - 1
+    D = a["max_depth"]
+    logits = a["target_logits"].float()
+    V = logits.shape[-1]
+    ok = _expect_shape(errs, nodes, (B, D + 1), torch.int32, "accepted_nodes")
+    ok &= _expect_shape(errs, tokens, (B, D + 1), torch.int32, "tokens")
+    ok &= _expect_shape(errs, acc, (B,), torch.int32, "num_accepted")
+    if not ok:
+        return errs
+    node_tokens = a["node_tokens"].long().tolist()
+    parents = a["parents"].long().tolist()
+    for b in range(B):
+        k = int(acc[b])
+        walk, row = nodes[b].long().tolist(), tokens[b].long().tolist()
+        if not 0 <= k <= D:
+            errs.append(f"request {b}: num_accepted {k} outside [0, {D}]")
+            continue
+        if walk[0] != cu[b]:
+            errs.append(f"request {b}: the walk starts at node {walk[0]}, not its root {cu[b]}")
+            continue
+        for d in range(1, k + 1):
+            v = walk[d]
+            if not cu[b] < v < cu[b + 1]:
+                errs.append(f"request {b}: walked node {v} outside its nodes [{cu[b]}, {cu[b + 1]})")
+                break
+            if parents[v] != walk[d - 1]:
+                errs.append(f"request {b}: walked node {v} at depth {d} has parent {parents[v]}, not {walk[d - 1]}")
+                break
+            if row[d - 1] != node_tokens[v]:
+                errs.append(f"request {b}: token {row[d - 1]} at depth {d - 1} != node {v}'s token {node_tokens[v]}")
+                break
+        else:
+            y, stop = row[k], walk[k]
+            if not 0 <= y < V:
+                errs.append(f"request {b}: emitted token {y} outside [0, {V})")
+            elif a.get("target_is_probs") and not float(logits[stop, y]) > 0:
+                errs.append(f"request {b}: emitted token {y} has probability 0 at node {stop}")
+            elif not math.isfinite(float(logits[stop, y])):
+                errs.append(
+                    f"request {b}: emitted token {y} has logit {float(logits[stop, y])} at node {stop}"
+                    " (target probability 0)"
+                )
+        if any(x != -1 for x in walk[k + 1 :]) or any(x != -1 for x in row[k + 1 :]):
+            errs.append(f"request {b}: past the walk nodes {walk[k + 1 :]} tokens {row[k + 1 :]}, not -1")
+    if errs:
+        return errs
+    # the reference, where it is exact: temperatures floored, no NaN / +inf on a row a walk may read
+    temps = _floor_temps(a["temperature"])
+    for b in range(B):
+        rows = logits[_tree_reachable(parents, cu[b], cu[b + 1])]
+        if torch.isnan(rows).any() or torch.isposinf(rows).any():
+            return errs
+        if temps[b] > 0 and not torch.isfinite(rows[torch.isfinite(rows)] * (1.0 / float(temps[b]))).all():
+            return errs  # the reference's logits / T overflows; the op's (x - max) / T does not
+    want = ref.tree_verify_reference(
+        a["target_logits"],
+        a["node_tokens"],
+        a["parents"],
+        a["cu_num_nodes"],
+        temperature=temps,
+        seeds=a["seeds"],
+        offsets=a["offsets"],
+        max_depth=D,
+        target_is_probs=a.get("target_is_probs", False),
+    )
+    if not all(torch.equal(g, w) for g, w in zip((nodes, tokens, acc), want)):
+        errs.append(
+            f"differs from tree_verify_reference: nodes {nodes.tolist()} tokens {tokens.tolist()} acc {acc.tolist()}, "
+            f"reference {want[0].tolist()} {want[1].tolist()} acc {want[2].tolist()}"
         )
     return errs
 
@@ -2408,6 +3031,8 @@ def check_markov(a, out, m, mut):
 CHECKS = {
     "verify": check_verify,
     "verify_out": check_verify,
+    "tree_verify": check_tree_verify,
+    "tree_verify_out": check_tree_verify,
     "block_diffusion_attention": check_attention,
     "inject_context_kv": check_inject,
     "two_tap_conv": check_conv,
@@ -2547,6 +3172,32 @@ def _verify_subset(a, keep):
     return sub
 
 
+def _tree_verify_subset(a, out, keep):
+    """The requests in keep as a call of their own, with their outputs (node ids renumbered)."""
+    cu = a["cu_num_nodes"].long().tolist()
+    par = a["parents"].long().tolist()
+    rows, new_par, new_cu = [], [], [0]
+    for b in keep:
+        shift = new_cu[-1] - cu[b]
+        rows += range(cu[b], cu[b + 1])
+        new_par += [p if p < 0 else p + shift for p in par[cu[b] : cu[b + 1]]]
+        new_cu.append(new_cu[-1] + cu[b + 1] - cu[b])
+    r, k = torch.tensor(rows, dtype=torch.long), torch.tensor(keep, dtype=torch.long)
+    sub = dict(
+        a,
+        target_logits=a["target_logits"].index_select(0, r),
+        node_tokens=a["node_tokens"].index_select(0, r),
+        parents=torch.tensor(new_par, dtype=a["parents"].dtype),
+        cu_num_nodes=torch.tensor(new_cu, dtype=a["cu_num_nodes"].dtype),
+    )
+    for n in ["temperature", "seeds", "offsets"]:
+        sub[n] = a[n].index_select(0, k)
+    nodes, tokens, acc = (o.index_select(0, k) for o in out)
+    shifts = torch.tensor([new_cu[j] - cu[b] for j, b in enumerate(keep)], dtype=torch.int32)
+    nodes = torch.where(nodes >= 0, nodes + shifts[:, None], nodes)
+    return sub, (nodes, tokens, acc)
+
+
 PER_ITEM = {  # arguments whose dim 0 runs over the status entries
     "block_diffusion_attention": ["q", "k_cache", "v_cache", "ctx_lens", "k_block", "v_block"],
     "inject_context_kv": ["k", "v", "positions", "slots"],
@@ -2570,6 +3221,11 @@ def bad_item(op, mut, m):
             return next((b for b in range(m["B"]) if cu[b] <= idx[0] < cu[b + 1]), None)
         if mut.arg == "target_logits":
             return next((b for b in range(m["B"]) if cu[b] + b <= idx[0] <= cu[b + 1] + b), None)
+        return idx[0] if mut.arg == "temperature" else None
+    if op in ("tree_verify", "tree_verify_out"):
+        cu = m["cu"]
+        if mut.arg in ("node_tokens", "parents", "target_logits"):
+            return next((b for b in range(m["B"]) if cu[b] <= idx[0] < cu[b + 1]), None)
         return idx[0] if mut.arg == "temperature" else None
     return idx[0] if mut.arg in PER_ITEM.get(op, ()) else None
 
@@ -2605,6 +3261,17 @@ def status_failed_outputs(op, a, out, failed, m, mut):
             errs += check_verify(
                 _verify_subset(a, healthy), (tokens.index_select(0, k), acc.index_select(0, k)), m, mut
             )
+        return errs
+    if op in ("tree_verify", "tree_verify_out"):
+        nodes, tokens, acc = out
+        for b in failed:
+            if not ((nodes[b] == -1).all() and (tokens[b] == -1).all() and int(acc[b]) == -1):
+                errs.append(
+                    f"failed request {b}: accepted_nodes {nodes[b].tolist()} tokens {tokens[b].tolist()} "
+                    f"num_accepted {int(acc[b])}, contract: all -1 and -1"
+                )
+        if mut.arg != "cu_num_nodes" and not errs:
+            errs += check_tree_verify(*_tree_verify_subset(a, out, healthy), m, mut)
         return errs
     if op == "two_tap_conv":
         if failed and not torch.isnan(out.float()).all():

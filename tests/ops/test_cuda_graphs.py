@@ -38,6 +38,29 @@ def replay_matches(fn, make_inputs, trials=3):
             assert torch.equal(a, b)
 
 
+def test_tree_verify_in_a_graph():
+    B, N, V = 8, 7, 5000
+    parents = torch.tensor([-1, 0, 0, 1, 1, 3, 2], dtype=torch.int32)
+
+    def make(t):
+        g = torch.Generator().manual_seed(t)
+        logits = torch.randn(B * N, V, generator=g).cuda()
+        tokens = torch.randint(0, V, (B * N,), generator=g, dtype=torch.int32).cuda()
+        cu = torch.arange(B + 1, dtype=torch.int32) * N
+        flat = torch.where(parents >= 0, parents.unsqueeze(0) + cu[:-1, None], -1).reshape(-1).int().cuda()
+        temp = torch.tensor([0.0, 1.0] * (B // 2)).cuda()
+        seeds = torch.randint(0, 2**40, (B,), generator=g).cuda()
+        offsets = torch.full((B,), t * 16, dtype=torch.int64).cuda()
+        return logits, tokens, flat, cu.cuda(), temp, seeds, offsets
+
+    def fn(logits, tokens, parents, cu, temp, seeds, offsets):
+        return flashspark.tree_verify(
+            logits, tokens, parents, cu, temperature=temp, seeds=seeds, offsets=offsets, max_depth=3
+        )
+
+    replay_matches(fn, make)
+
+
 def test_verify_in_a_graph():
     B, K, V = 8, 6, 5000
 

@@ -26,8 +26,8 @@ Design:
     where the contract is silent either is accepted;
   * test_planted_bugs_are_found runs the same oracle on deliberately broken variants
     (a removed range check, int64 ids narrowed to int32, a wrong padding, a wrong stream
-    position, a swallowed status, NaN-blind Top-K and softmax, a stray cache write, the finish
-    conv's taps from the wrong half of the projection), so
+    position in verify and in tree_verify, a swallowed status, NaN-blind Top-K and softmax,
+    a stray cache write, the finish conv's taps from the wrong half of the projection), so
     the fuzz cannot pass vacuously.
 
 CPU only: the cases build CPU tensors (CUDA reads bad values only through status, which
@@ -315,6 +315,17 @@ SAMPLED_VERIFY_BASE = dict(
     index64=False,
 )
 
+# Sampled trees whose draws decide the walks (for the planted wrong stream position of tree_verify).
+SAMPLED_TREE_VERIFY_BASE = dict(
+    seed=11,
+    num_nodes=[6, 6, 6, 6],
+    V=30,
+    dtype="float32",
+    temps=[1.0, 1.0, 1.0, 1.0],
+    extra_depth=0,
+    index64=False,
+)
+
 # A conv that projects the finish conv's taps too (for the planted wrong half of delta_weight).
 FINISH_CONV_BASE = dict(
     seed=5,
@@ -349,6 +360,7 @@ PLANTED = {
     ),
     "planted_verify_tail_zero": ("verify", ["size:max_spec_len:above"], ["size:max_spec_len:above"], None, False),
     "planted_verify_offsets": ("verify", ["valid"], ["valid"], SAMPLED_VERIFY_BASE, False),
+    "planted_tree_verify_offsets": ("tree_verify", ["valid"], ["valid"], SAMPLED_TREE_VERIFY_BASE, False),
     "planted_verify_status_swallowed": (
         "verify",
         ["value:draft_tokens:upper"],

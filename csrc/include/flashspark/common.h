@@ -245,6 +245,10 @@ enum class Status : int32_t {
   kPrevTokenRange = 16,   // markov_step: a previous token outside [0, V)
   kBonusTokenRange = 17,  // verify: a given bonus token outside [0, V)
   kBadTargetProb = 18,    // verify (probabilities mode): a p value read is NaN or outside [0, 1], or a row has no mass
+  kBadCuNumNodes = 19,    // tree_verify: cu_num_nodes not starting at 0, not increasing, or not ending at N
+  kBadParent = 20,        // tree_verify: a root with a parent, or a parent outside the request or not before its child
+  kTreeTooDeep = 21,      // tree_verify: a node deeper than max_depth
+  kNodeTokenRange = 22,   // tree_verify: a node token outside [0, V)
 };
 
 FS_HOST_DEVICE void write_status(int32_t* status, int64_t i, Status s) {

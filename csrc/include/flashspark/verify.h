@@ -36,6 +36,7 @@ enum class DraftQ : int32_t {
 
 template <class T>
 struct VerifyParams {
+  using Value = T;
   const T* logits = nullptr;
   int64_t logits_row_stride = 0;
   const int32_t* draft_tokens = nullptr;
@@ -236,9 +237,14 @@ struct RaceQ {
   // The probability of listed entry j (a one-hot q: 1).
   FS_HOST_DEVICE float listed_prob(int32_t j) const { return mode == DraftQ::kOneHot ? 1.f : probs[j]; }
   // q(x) of the listed modes: -1 when x is not listed (q(x) = 0). A one-hot q lists the
-  // draft alone, with q = 1 (a placeholder lists nothing a vocabulary id can match).
+  // draft alone, with q = 1 (a placeholder lists nothing a vocabulary id can match); tree_verify
+  // lists a stop node's children this way, q = 1 each, so the residual has no mass there.
   FS_HOST_DEVICE float listed(int32_t x) const {
-    if (mode == DraftQ::kOneHot) return k > 0 && ids[0] == x ? 1.f : -1.f;
+    if (mode == DraftQ::kOneHot) {
+      for (int32_t j = 0; j < k; ++j)
+        if (ids[j] == x) return 1.f;
+      return -1.f;
+    }
     return listed_q(ids, probs, k, x);
   }
 };
@@ -349,9 +355,10 @@ FS_HOST_DEVICE RaceResult race_row(const VerifyParams<T>& p, Backend& be, const 
   return be.row_race(row, LogitRace{q, w.sm}, seed, position);
 }
 
-// The row's softmax at 1 / inv_t, or nothing to compute on probabilities.
-template <class T, class Backend>
-FS_HOST_DEVICE Status row_softmax(const VerifyParams<T>& p, Backend& be, const T* row, int32_t k, float inv_t,
+// The row's softmax at 1 / inv_t, or nothing to compute on probabilities (verify's and
+// tree_verify's params alike).
+template <class P, class Backend>
+FS_HOST_DEVICE Status row_softmax(const P& p, Backend& be, const typename P::Value* row, int32_t k, float inv_t,
                                   RowSoftmax& sm) {
   sm = RowSoftmax{0.f, inv_t, 0.f};
   if (p.target_probs) return Status::kOk;
@@ -496,6 +503,16 @@ FS_HOST_DEVICE VerifyWorkspace verify_workspace(const VerifyParams<T>& p) {
   base += verify_align16(int64_t(p.batch) * chunks * int64_t(sizeof(RaceResult)));
   ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
   return ws;
+}
+
+// The tiles kernel's view of a verify batch (tree_verify.h gives the tree's).
+template <class T>
+FS_HOST_DEVICE int32_t tiles_row_owner(const VerifyParams<T>& p, int64_t r) {
+  return verify_row_owner(p, r);
+}
+template <class T>
+FS_HOST_DEVICE VerifyRowPartial* tiles_partials(const VerifyParams<T>& p) {
+  return verify_workspace(p).rows;
 }
 
 // The three steps back to back, on a backend that also races a row:

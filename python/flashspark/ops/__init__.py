@@ -1,5 +1,5 @@
 """Python wrappers of the ``torch.ops.flashspark`` ops, one module per method
-(``verify``, ``dflash``, ``dflash2``, ``dspark``), each op with its fake (meta)
+(``verify``, ``tree_verify``, ``dflash``, ``dflash2``, ``dspark``), each op with its fake (meta)
 implementation beside it so ``torch.compile`` can trace it, and its PyTorch
 implementation (differentiable where training needs it; the tests' oracle).
 
@@ -22,11 +22,14 @@ from .common import GREEDY_TEMPERATURE, MAX_SPEC_LEN, raise_on_status
 from .dflash import block_diffusion_attention, inject_context_kv
 from .dflash2 import path_sampling_defaults, path_select, topk_select, two_tap_conv
 from .dspark import markov_step
+from .tree_verify import MAX_TREE_DEPTH, NO_PARENT, tree_verify, tree_verify_out
 from .verify import PLACEHOLDER_TOKEN, verify, verify_out
 
 __all__ = [
     "verify",
     "verify_out",
+    "tree_verify",
+    "tree_verify_out",
     "block_diffusion_attention",
     "inject_context_kv",
     "two_tap_conv",
@@ -38,4 +41,6 @@ __all__ = [
     "GREEDY_TEMPERATURE",
     "PLACEHOLDER_TOKEN",
     "MAX_SPEC_LEN",
+    "MAX_TREE_DEPTH",
+    "NO_PARENT",
 ]

@@ -8,6 +8,7 @@
 #include "flashspark/dflash.h"
 #include "flashspark/dflash2.h"
 #include "flashspark/dspark.h"
+#include "flashspark/tree_verify.h"
 #include "flashspark/verify.h"
 
 namespace flashspark::cuda {
@@ -17,6 +18,9 @@ namespace flashspark::cuda {
 template <class T>
 cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStream_t stream,
                           int64_t max_grid_y = 65535);
+
+template <class T>
+cudaError_t launch_tree_verify(const TreeVerifyParams<T>& p, cudaStream_t stream, int64_t max_grid_y = 65535);
 
 template <class T>
 cudaError_t launch_inject_context_kv(const InjectParams<T>& p, cudaStream_t stream);

@@ -49,22 +49,25 @@ __device__ __forceinline__ S warp_merge(S x, const Merge& merge) {
 
 // 1. ---------------------------------------------------------------------------------------
 
-template <class T, int kThreads>
-__global__ void __launch_bounds__(kThreads) verify_tiles_kernel(VerifyParams<T> p, int64_t num_rows) {
+// Serves verify and tree_verify alike (P: VerifyParams<T> or TreeVerifyParams<T>): a row's
+// owner and the partials' place come from tiles_row_owner / tiles_partials.
+template <class P, int kThreads>
+__global__ void __launch_bounds__(kThreads) verify_tiles_kernel(P p, int64_t num_rows) {
+  using T = typename P::Value;
   using ArgMaxReduce = cub::BlockReduce<ArgMax, kThreads>;
   using SoftmaxReduce = cub::BlockReduce<SoftmaxState, kThreads>;
   __shared__ union {
     typename ArgMaxReduce::TempStorage argmax;
     typename SoftmaxReduce::TempStorage softmax;
   } scratch;
-  const VerifyWorkspace ws = verify_workspace(p);
+  VerifyRowPartial* const partials = tiles_partials(p);
   const int32_t chunks = verify_chunks(p.vocab);
   const int64_t c = blockIdx.x;
   const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
   for (int64_t r = blockIdx.y; r < num_rows; r += gridDim.y) {  // block-uniform from here on
     // The request the row belongs to; none (a malformed cu_num_draft): nothing to reduce, and no
     // request that passes its checks reads it (verify_check_request).
-    const int32_t b = verify_row_owner(p, r);
+    const int32_t b = tiles_row_owner(p, r);
     if (b < 0) continue;
     const float temp = p.temperature[b];
     const bool greedy = temperature_greedy(temp);
@@ -93,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) verify_tiles_kernel(VerifyParams<T> 
       }
       part.st = SoftmaxReduce(scratch.softmax).Reduce(st, SoftmaxMergeOp{inv_t});
     }
-    if (threadIdx.x == 0) ws.rows[r * chunks + c] = part;  // CUB's aggregate is thread 0's
-    __syncthreads();                                       // the scratch is reused next row
+    if (threadIdx.x == 0) partials[r * chunks + c] = part;  // CUB's aggregate is thread 0's
+    __syncthreads();                                        // the scratch is reused next row
   }
 }
 
@@ -205,7 +208,7 @@ cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStre
   const int64_t chunks = verify_chunks(p.vocab);
   const int64_t num_rows = int64_t(num_tokens) + (p.bonus_tokens ? 0 : p.batch);
   const unsigned requests = unsigned(ceil_div(p.batch, kVerifyWalkWarps));
-  verify_tiles_kernel<T, kVerifyThreads>
+  verify_tiles_kernel<VerifyParams<T>, kVerifyThreads>
       <<<dim3(unsigned(chunks), unsigned(std::max<int64_t>(1, std::min(num_rows, max_grid_y)))), kVerifyThreads, 0,
          stream>>>(p, num_rows);
   verify_walk_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p, num_tokens);
