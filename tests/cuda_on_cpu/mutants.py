@@ -132,15 +132,10 @@ MUTANTS = {
         "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
         "verify",
     ),
-    # --- tree_verify's walk and race: the stop row raced at the next depth's stream, the walk's
-    # partials read from the wrong base, the prefill racing the walk's writes, a lane's chunks of
-    # the race left out of the merge, a block's race taken from thread 1
-    "tree-race-position": (
-        "include/flashspark/cuda/tree_verify.cuh",
-        "position = uint64_t(p.offsets[b]) + w.depth;",
-        "position = uint64_t(p.offsets[b]) + w.depth + 1;",
-        "tree_verify",
-    ),
+    # --- tree_verify's own kernels and the ones it shares with verify: the walk's partials read
+    # from the wrong base, the prefill racing the walk's writes, racing requests finished by the
+    # walk as well, the tiles short a row; the shared race and finish kernels (a lane's chunks left
+    # out of the merge, a block's race taken from thread 1) seen through tree_verify's suite
     "tree-walk-rows-base": (
         "include/flashspark/cuda/tree_verify.cuh",
         "VerifyMergedBackend<T> be{ws.rows + first * chunks, chunks, lane};",
@@ -153,22 +148,28 @@ MUTANTS = {
         "  for (int64_t i = lane; i < width; i += 32) nodes[i] = tokens[i] = -1;\n",
         "tree_verify",
     ),
-    "tree-finish-lane-stride": (
+    "tree-walk-finishes-racing": (
         "include/flashspark/cuda/tree_verify.cuh",
-        "  for (int32_t c = lane; c < chunks; c += 32) r = race_merge(",
-        "  for (int32_t c = lane; c < chunks; c += 64) r = race_merge(",
-        "tree_verify",
-    ),
-    "tree-cub-thread1": (
-        "include/flashspark/cuda/tree_verify.cuh",
-        "    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;",
-        "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
+        "  if (w.status != Status::kOk || !w.race) tree_finish(",
+        "  if (true) tree_finish(",
         "tree_verify",
     ),
     "tree-tiles-rows-short": (
         "include/flashspark/cuda/tree_verify.cuh",
         "  const int64_t num_rows = p.num_nodes;",
         "  const int64_t num_rows = p.num_nodes - 1;",
+        "tree_verify",
+    ),
+    "tree-finish-lane-stride": (
+        "include/flashspark/cuda/verify.cuh",
+        "  for (int32_t c = lane; c < chunks; c += 32) r = race_merge(",
+        "  for (int32_t c = lane; c < chunks; c += 64) r = race_merge(",
+        "tree_verify",
+    ),
+    "tree-cub-thread1": (
+        "include/flashspark/cuda/verify.cuh",
+        "    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;",
+        "    if (threadIdx.x == 1) ws.races[int64_t(b) * chunks + c] = total;",
         "tree_verify",
     ),
     # --- two_tap_conv's group size and the finish conv's taps: the group taken as the default 16,

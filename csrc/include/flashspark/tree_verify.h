@@ -237,62 +237,46 @@ FS_HOST_DEVICE Status tree_finish(const TreeVerifyParams<T>& p, int32_t b, const
   return status;
 }
 
-template <class T, class Backend>
-FS_HOST_DEVICE RaceResult tree_race(const TreeVerifyParams<T>& p, int32_t b, const TreeWalk& w, Backend& be) {
-  const RaceQ q = tree_race_q(p, b, w);
-  const uint64_t seed = uint64_t(p.seeds[b]), position = uint64_t(p.offsets[b]) + w.depth;
-  if (p.target_probs) return be.row_race(tree_row(p, w.node), ProbRace{q}, seed, position);
-  return be.row_race(tree_row(p, w.node), LogitRace{q, w.sm}, seed, position);
+template <class T>
+FS_HOST_DEVICE StopRow<T> race_stop(const TreeVerifyParams<T>& p, int32_t b, const TreeWalk& w) {
+  return StopRow<T>{tree_row(p, w.node), tree_race_q(p, b, w), uint64_t(p.seeds[b]), uint64_t(p.offsets[b]) + w.depth};
 }
 
 // The walk, the race and the finish back to back (the CPU; the CUDA kernel splits them).
 template <class T, class Backend>
 FS_HOST_DEVICE Status tree_verify_request(const TreeVerifyParams<T>& p, int32_t b, Status status, Backend& be) {
   const TreeWalk w = tree_walk(p, b, status, be);
-  const RaceResult r = w.status == Status::kOk && w.race ? tree_race(p, b, w, be) : race_identity();
+  const RaceResult r = w.status == Status::kOk && w.race ? race_stop_row(p, b, w, be) : race_identity();
   return tree_finish(p, b, w, r, be.leader());
 }
 
 // ---- the CUDA kernel's workspace (sizes only: CUDA-graph safe) ---------------
 
-struct TreeVerifyWorkspace {
-  TreeWalk* walks;         // [B]
-  RaceResult* races;       // [B * chunks]
-  VerifyRowPartial* rows;  // [N * chunks]
-  int32_t* scratch;        // [2N]
-};
+using TreeVerifyWorkspace = VerifyWorkspaceOf<TreeWalk>;  // scratch: [2N] depths, child lists
 
 FS_HOST_DEVICE int64_t tree_verify_workspace_bytes(int32_t batch, int64_t num_nodes, int32_t vocab) {
-  const int64_t chunks = verify_chunks(vocab);
-  return verify_align16(int64_t(batch) * int64_t(sizeof(TreeWalk))) +
-         verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult))) +
-         verify_align16(num_nodes * chunks * int64_t(sizeof(VerifyRowPartial))) +
-         verify_align16(2 * num_nodes * int64_t(sizeof(int32_t)));
+  return workspace_bytes_of<TreeWalk>(batch, num_nodes, vocab, 2 * num_nodes);
 }
 
 template <class T>
 FS_HOST_DEVICE TreeVerifyWorkspace tree_verify_workspace(const TreeVerifyParams<T>& p) {
-  const int64_t chunks = verify_chunks(p.vocab);
-  char* base = static_cast<char*>(p.workspace);
-  TreeVerifyWorkspace ws;
-  ws.walks = reinterpret_cast<TreeWalk*>(base);
-  base += verify_align16(int64_t(p.batch) * int64_t(sizeof(TreeWalk)));
-  ws.races = reinterpret_cast<RaceResult*>(base);
-  base += verify_align16(int64_t(p.batch) * chunks * int64_t(sizeof(RaceResult)));
-  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
-  base += verify_align16(int64_t(p.num_nodes) * chunks * int64_t(sizeof(VerifyRowPartial)));
-  ws.scratch = reinterpret_cast<int32_t*>(base);
-  return ws;
+  return workspace_layout<TreeWalk>(p.workspace, p.batch, p.num_nodes, p.vocab);
 }
 
-// The tiles kernel's view of a tree batch (verify.cuh's verify_tiles_kernel serves both ops).
+// The CUDA kernels' generic view of a tree batch (verify.cuh's tiles, race and finish kernels
+// serve both ops).
 template <class T>
 FS_HOST_DEVICE int32_t tiles_row_owner(const TreeVerifyParams<T>& p, int64_t r) {
   return tree_row_owner(p, r);
 }
 template <class T>
-FS_HOST_DEVICE VerifyRowPartial* tiles_partials(const TreeVerifyParams<T>& p) {
-  return tree_verify_workspace(p).rows;
+FS_HOST_DEVICE TreeVerifyWorkspace workspace_of(const TreeVerifyParams<T>& p) {
+  return tree_verify_workspace(p);
+}
+template <class T>
+FS_HOST_DEVICE Status finish_request(const TreeVerifyParams<T>& p, int32_t b, const TreeWalk& w, const RaceResult& r,
+                                     bool leader) {
+  return tree_finish(p, b, w, r, leader);
 }
 
 }  // namespace flashspark

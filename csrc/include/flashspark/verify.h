@@ -306,7 +306,7 @@ struct ProbRace {
 // A request is decided in three steps that both backends share:
 //   verify_walk    the accept tests, row by row, up to the stop row: the first rejected draft,
 //                  or the bonus row. Greedy requests and the caller's bonus tokens end here.
-//   the race       on the stop row only (race_q / race_row): the one full-vocabulary pass with
+//   the race       on the stop row only (race_stop_row): the one full-vocabulary pass with
 //                  Philox noise, ~20x the ALU work of a softmax pass, so it never runs per row.
 //   verify_finish  the emitted token from the race, and the request's outputs.
 // The CPU runs them back to back per request, computing a row's softmax only when the walk
@@ -347,12 +347,26 @@ FS_HOST_DEVICE RaceQ race_q(const VerifyParams<T>& p, int32_t b, int32_t k) {
   return RaceQ{DraftQ::kOneHot, AnyFloatPtr{}, p.draft_tokens + i, AnyFloatPtr{}, 1};
 }
 
-// The race's element function for the request's mode: Gumbel keys on logits, r / E on probabilities.
-template <class T, class Backend>
-FS_HOST_DEVICE RaceResult race_row(const VerifyParams<T>& p, Backend& be, const T* row, const VerifyWalk& w,
-                                   const RaceQ& q, uint64_t seed, uint64_t position) {
-  if (p.target_probs) return be.row_race(row, ProbRace{q}, seed, position);
-  return be.row_race(row, LogitRace{q, w.sm}, seed, position);
+// Where a request's race runs: its stop row, what the race removes from p there, and its stream.
+template <class T>
+struct StopRow {
+  const T* row;
+  RaceQ q;
+  uint64_t seed, position;
+};
+
+template <class T>
+FS_HOST_DEVICE StopRow<T> race_stop(const VerifyParams<T>& p, int32_t b, const VerifyWalk& w) {
+  return StopRow<T>{verify_row(p, b, w.k), race_q(p, b, w.k), uint64_t(p.seeds[b]), uint64_t(p.offsets[b]) + w.k};
+}
+
+// The race over a request's stop row on a backend, in the request's mode: Gumbel keys on logits,
+// r / E on probabilities (verify's and tree_verify's params and walks alike).
+template <class P, class Walk, class Backend>
+FS_HOST_DEVICE RaceResult race_stop_row(const P& p, int32_t b, const Walk& w, Backend& be) {
+  const auto s = race_stop(p, b, w);
+  if (p.target_probs) return be.row_race(s.row, ProbRace{s.q}, s.seed, s.position);
+  return be.row_race(s.row, LogitRace{s.q, w.sm}, s.seed, s.position);
 }
 
 // The row's softmax at 1 / inv_t, or nothing to compute on probabilities (verify's and
@@ -476,33 +490,64 @@ struct VerifyRowPartial {
   ArgMax am;
 };
 
-struct VerifyWorkspace {
-  VerifyWalk* walks;       // [B]
+// The layout both ops' CUDA kernels share: walks [B], race partials [B * chunks], row partials
+// [rows * chunks], then `ints` int32 of the op's own scratch.
+template <class Walk>
+struct VerifyWorkspaceOf {
+  Walk* walks;             // [B]
   RaceResult* races;       // [B * chunks]: the stop row's chunk c
   VerifyRowPartial* rows;  // [num_rows * chunks]: logits row r, chunk c
+  int32_t* scratch;        // [ints]
 };
+using VerifyWorkspace = VerifyWorkspaceOf<VerifyWalk>;
 
 FS_HOST_DEVICE int64_t verify_align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// Sizes only (CUDA-graph safe): proportional to the logits' rows, not to max_spec_len.
-FS_HOST_DEVICE int64_t verify_workspace_bytes(int32_t batch, int64_t num_rows, int32_t vocab) {
+template <class Walk>
+FS_HOST_DEVICE int64_t workspace_bytes_of(int32_t batch, int64_t num_rows, int32_t vocab, int64_t ints) {
   const int64_t chunks = verify_chunks(vocab);
-  return verify_align16(int64_t(batch) * int64_t(sizeof(VerifyWalk))) +
+  return verify_align16(int64_t(batch) * int64_t(sizeof(Walk))) +
          verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult))) +
-         verify_align16(num_rows * chunks * int64_t(sizeof(VerifyRowPartial)));
+         verify_align16(num_rows * chunks * int64_t(sizeof(VerifyRowPartial))) +
+         verify_align16(ints * int64_t(sizeof(int32_t)));
 }
 
+template <class Walk>
+FS_HOST_DEVICE VerifyWorkspaceOf<Walk> workspace_layout(void* workspace, int32_t batch, int64_t num_rows,
+                                                        int32_t vocab) {
+  const int64_t chunks = verify_chunks(vocab);
+  char* base = static_cast<char*>(workspace);
+  VerifyWorkspaceOf<Walk> ws;
+  ws.walks = reinterpret_cast<Walk*>(base);
+  base += verify_align16(int64_t(batch) * int64_t(sizeof(Walk)));
+  ws.races = reinterpret_cast<RaceResult*>(base);
+  base += verify_align16(int64_t(batch) * chunks * int64_t(sizeof(RaceResult)));
+  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
+  base += verify_align16(num_rows * chunks * int64_t(sizeof(VerifyRowPartial)));
+  ws.scratch = reinterpret_cast<int32_t*>(base);
+  return ws;
+}
+
+// Sizes only (CUDA-graph safe): proportional to the logits' rows, not to max_spec_len.
+FS_HOST_DEVICE int64_t verify_workspace_bytes(int32_t batch, int64_t num_rows, int32_t vocab) {
+  return workspace_bytes_of<VerifyWalk>(batch, num_rows, vocab, 0);
+}
+
+// verify keeps no scratch after its row partials, so their count does not enter the layout.
 template <class T>
 FS_HOST_DEVICE VerifyWorkspace verify_workspace(const VerifyParams<T>& p) {
-  const int64_t chunks = verify_chunks(p.vocab);
-  char* base = static_cast<char*>(p.workspace);
-  VerifyWorkspace ws;
-  ws.walks = reinterpret_cast<VerifyWalk*>(base);
-  base += verify_align16(int64_t(p.batch) * int64_t(sizeof(VerifyWalk)));
-  ws.races = reinterpret_cast<RaceResult*>(base);
-  base += verify_align16(int64_t(p.batch) * chunks * int64_t(sizeof(RaceResult)));
-  ws.rows = reinterpret_cast<VerifyRowPartial*>(base);
-  return ws;
+  return workspace_layout<VerifyWalk>(p.workspace, p.batch, 0, p.vocab);
+}
+
+// The CUDA kernels' generic view of a verify call (tree_verify.h gives the tree's).
+template <class T>
+FS_HOST_DEVICE VerifyWorkspace workspace_of(const VerifyParams<T>& p) {
+  return verify_workspace(p);
+}
+template <class T>
+FS_HOST_DEVICE Status finish_request(const VerifyParams<T>& p, int32_t b, const VerifyWalk& w, const RaceResult& r,
+                                     bool leader) {
+  return verify_finish(p, b, w, r, leader);
 }
 
 // The tiles kernel's view of a verify batch (tree_verify.h gives the tree's).
@@ -510,20 +555,13 @@ template <class T>
 FS_HOST_DEVICE int32_t tiles_row_owner(const VerifyParams<T>& p, int64_t r) {
   return verify_row_owner(p, r);
 }
-template <class T>
-FS_HOST_DEVICE VerifyRowPartial* tiles_partials(const VerifyParams<T>& p) {
-  return verify_workspace(p).rows;
-}
 
 // The three steps back to back, on a backend that also races a row:
 //   RaceResult row_race(const T* row, const LogitRace& / const ProbRace&, uint64_t seed, uint64_t position)
 template <class T, class Backend>
 FS_HOST_DEVICE Status verify_request(const VerifyParams<T>& p, int32_t b, Status status, Backend& be) {
   const VerifyWalk w = verify_walk(p, b, status, be);
-  RaceResult r = race_identity();
-  if (w.status == Status::kOk && w.race)
-    r = race_row(p, be, verify_row(p, b, w.k), w, race_q(p, b, w.k), uint64_t(p.seeds[b]),
-                 uint64_t(p.offsets[b]) + w.k);
+  const RaceResult r = w.status == Status::kOk && w.race ? race_stop_row(p, b, w, be) : race_identity();
   return verify_finish(p, b, w, r, be.leader());
 }
 

@@ -4,8 +4,8 @@
 //                               partials, or its argmax when greedy), as verify's rows.
 //   2. tree_walk_kernel         a warp per request: its checks (lane 0), then the walk over the
 //                               merged partials (tree_walk, as on the CPU).
-//   3. tree_race_kernel         grid (chunks, B): the race over each stop row's chunks.
-//   4. tree_finish_kernel       a warp per request: merges the race partials, writes the outputs.
+//   3. verify_race_kernel       grid (chunks, B): the race over each stop row's chunks (race_stop).
+//   4. verify_finish_kernel     a warp per request: merges the race partials, writes the outputs.
 // Bytes read: every node row once, plus each stop row again.
 #pragma once
 
@@ -41,48 +41,6 @@ __global__ void __launch_bounds__(32 * kVerifyWalkWarps) tree_walk_kernel(TreeVe
   if (w.status != Status::kOk || !w.race) tree_finish(p, b, w, race_identity(), lane == 0);
 }
 
-// 3. ---------------------------------------------------------------------------------------
-
-template <class T, int kThreads>
-__global__ void __launch_bounds__(kThreads) tree_race_kernel(TreeVerifyParams<T> p) {
-  using RaceReduce = cub::BlockReduce<RaceResult, kThreads>;
-  __shared__ typename RaceReduce::TempStorage scratch;
-  const TreeVerifyWorkspace ws = tree_verify_workspace(p);
-  const int32_t chunks = verify_chunks(p.vocab);
-  const int64_t c = blockIdx.x;
-  const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
-  for (int64_t bb = blockIdx.y; bb < p.batch; bb += gridDim.y) {
-    const int32_t b = int32_t(bb);
-    const TreeWalk w = ws.walks[b];
-    if (w.status != Status::kOk || !w.race) continue;  // block-uniform
-    const T* row = tree_row(p, w.node);
-    const RaceQ q = tree_race_q(p, b, w);
-    const uint64_t seed = uint64_t(p.seeds[b]), position = uint64_t(p.offsets[b]) + w.depth;
-    const RaceResult r = p.target_probs ? chunk_race<T, kThreads>(row, begin, end, ProbRace{q}, seed, position)
-                                        : chunk_race<T, kThreads>(row, begin, end, LogitRace{q, w.sm}, seed, position);
-    const RaceResult total = RaceReduce(scratch).Reduce(r, RaceMergeOp{});
-    if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;
-    __syncthreads();
-  }
-}
-
-// 4. ---------------------------------------------------------------------------------------
-
-template <class T>
-__global__ void __launch_bounds__(32 * kVerifyWalkWarps) tree_finish_kernel(TreeVerifyParams<T> p) {
-  const int32_t b = int32_t(blockIdx.x) * kVerifyWalkWarps + int32_t(threadIdx.x / 32);
-  if (b >= p.batch) return;
-  const int32_t lane = int32_t(threadIdx.x % 32);
-  const TreeVerifyWorkspace ws = tree_verify_workspace(p);
-  const int32_t chunks = verify_chunks(p.vocab);
-  const TreeWalk w = ws.walks[b];
-  if (w.status != Status::kOk || !w.race) return;  // finished by the walk
-  RaceResult r = race_identity();
-  for (int32_t c = lane; c < chunks; c += 32) r = race_merge(r, ws.races[int64_t(b) * chunks + c]);
-  r = warp_merge(r, RaceMergeOp{});
-  tree_finish(p, b, w, r, lane == 0);
-}
-
 // p.workspace: tree_verify_workspace_bytes(...) bytes; the depths and child lists live there.
 template <class T>
 cudaError_t launch_tree_verify(const TreeVerifyParams<T>& params, cudaStream_t stream, int64_t max_grid_y) {
@@ -97,9 +55,9 @@ cudaError_t launch_tree_verify(const TreeVerifyParams<T>& params, cudaStream_t s
     verify_tiles_kernel<TreeVerifyParams<T>, kVerifyThreads>
         <<<dim3(unsigned(chunks), unsigned(std::min(num_rows, max_grid_y))), kVerifyThreads, 0, stream>>>(p, num_rows);
   tree_walk_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p);
-  tree_race_kernel<T, kVerifyThreads>
+  verify_race_kernel<TreeVerifyParams<T>, kVerifyThreads>
       <<<dim3(unsigned(chunks), unsigned(std::min<int64_t>(p.batch, max_grid_y))), kVerifyThreads, 0, stream>>>(p);
-  tree_finish_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p);
+  verify_finish_kernel<TreeVerifyParams<T>><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

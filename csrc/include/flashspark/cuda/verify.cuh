@@ -50,7 +50,7 @@ __device__ __forceinline__ S warp_merge(S x, const Merge& merge) {
 // 1. ---------------------------------------------------------------------------------------
 
 // Serves verify and tree_verify alike (P: VerifyParams<T> or TreeVerifyParams<T>): a row's
-// owner and the partials' place come from tiles_row_owner / tiles_partials.
+// owner and the partials' place come from tiles_row_owner / workspace_of.
 template <class P, int kThreads>
 __global__ void __launch_bounds__(kThreads) verify_tiles_kernel(P p, int64_t num_rows) {
   using T = typename P::Value;
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) verify_tiles_kernel(P p, int64_t num
     typename ArgMaxReduce::TempStorage argmax;
     typename SoftmaxReduce::TempStorage softmax;
   } scratch;
-  VerifyRowPartial* const partials = tiles_partials(p);
+  VerifyRowPartial* const partials = workspace_of(p).rows;
   const int32_t chunks = verify_chunks(p.vocab);
   const int64_t c = blockIdx.x;
   const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
@@ -161,23 +161,24 @@ __device__ RaceResult chunk_race(const T* row, int64_t begin, int64_t end, const
   return r;
 }
 
-template <class T, int kThreads>
-__global__ void __launch_bounds__(kThreads) verify_race_kernel(VerifyParams<T> p) {
+// Serves both ops (P as the tiles kernel's): the stop row, its q and stream from race_stop.
+template <class P, int kThreads>
+__global__ void __launch_bounds__(kThreads) verify_race_kernel(P p) {
+  using T = typename P::Value;
   using RaceReduce = cub::BlockReduce<RaceResult, kThreads>;
   __shared__ typename RaceReduce::TempStorage scratch;
-  const VerifyWorkspace ws = verify_workspace(p);
+  const auto ws = workspace_of(p);
   const int32_t chunks = verify_chunks(p.vocab);
   const int64_t c = blockIdx.x;
   const int64_t begin = c * kVerifyChunk, end = min(int64_t(p.vocab), begin + kVerifyChunk);
   for (int64_t bb = blockIdx.y; bb < p.batch; bb += gridDim.y) {
     const int32_t b = int32_t(bb);
-    const VerifyWalk w = ws.walks[b];
+    const auto w = ws.walks[b];
     if (w.status != Status::kOk || !w.race) continue;  // block-uniform
-    const T* row = verify_row(p, b, w.k);
-    const RaceQ q = race_q(p, b, w.k);
-    const uint64_t seed = uint64_t(p.seeds[b]), position = uint64_t(p.offsets[b]) + w.k;
-    const RaceResult r = p.target_probs ? chunk_race<T, kThreads>(row, begin, end, ProbRace{q}, seed, position)
-                                        : chunk_race<T, kThreads>(row, begin, end, LogitRace{q, w.sm}, seed, position);
+    const StopRow<T> s = race_stop(p, b, w);
+    const RaceResult r = p.target_probs
+                             ? chunk_race<T, kThreads>(s.row, begin, end, ProbRace{s.q}, s.seed, s.position)
+                             : chunk_race<T, kThreads>(s.row, begin, end, LogitRace{s.q, w.sm}, s.seed, s.position);
     const RaceResult total = RaceReduce(scratch).Reduce(r, RaceMergeOp{});
     if (threadIdx.x == 0) ws.races[int64_t(b) * chunks + c] = total;
     __syncthreads();
@@ -186,19 +187,19 @@ __global__ void __launch_bounds__(kThreads) verify_race_kernel(VerifyParams<T> p
 
 // 4. ---------------------------------------------------------------------------------------
 
-template <class T>
-__global__ void __launch_bounds__(32 * kVerifyWalkWarps) verify_finish_kernel(VerifyParams<T> p) {
+template <class P>
+__global__ void __launch_bounds__(32 * kVerifyWalkWarps) verify_finish_kernel(P p) {
   const int32_t b = int32_t(blockIdx.x) * kVerifyWalkWarps + int32_t(threadIdx.x / 32);
   if (b >= p.batch) return;
   const int32_t lane = int32_t(threadIdx.x % 32);
-  const VerifyWorkspace ws = verify_workspace(p);
+  const auto ws = workspace_of(p);
   const int32_t chunks = verify_chunks(p.vocab);
-  const VerifyWalk w = ws.walks[b];
+  const auto w = ws.walks[b];
   if (w.status != Status::kOk || !w.race) return;  // finished by the walk
   RaceResult r = race_identity();
   for (int32_t c = lane; c < chunks; c += 32) r = race_merge(r, ws.races[int64_t(b) * chunks + c]);
   r = warp_merge(r, RaceMergeOp{});
-  verify_finish(p, b, w, r, lane == 0);
+  finish_request(p, b, w, r, lane == 0);
 }
 
 template <class T>
@@ -212,9 +213,9 @@ cudaError_t launch_verify(const VerifyParams<T>& p, int32_t num_tokens, cudaStre
       <<<dim3(unsigned(chunks), unsigned(std::max<int64_t>(1, std::min(num_rows, max_grid_y)))), kVerifyThreads, 0,
          stream>>>(p, num_rows);
   verify_walk_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p, num_tokens);
-  verify_race_kernel<T, kVerifyThreads>
+  verify_race_kernel<VerifyParams<T>, kVerifyThreads>
       <<<dim3(unsigned(chunks), unsigned(std::min<int64_t>(p.batch, max_grid_y))), kVerifyThreads, 0, stream>>>(p);
-  verify_finish_kernel<T><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p);
+  verify_finish_kernel<VerifyParams<T>><<<requests, 32 * kVerifyWalkWarps, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
