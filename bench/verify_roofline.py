@@ -52,42 +52,29 @@ def grids(batch: int, k: int, vocab: int) -> dict:
 def tree_bytes(batch: int, nodes: int, vocab: int, elem_bytes: int = 2, races: int | None = None) -> dict:
     """tree_verify's bytes: phase 1 every node row once (N per request: the tree's rows are the
     target forward's output, all of them reduced in parallel before the walks), phase 2 each
-    racing request's stop row again."""
-    races = batch if races is None else races
-    row = vocab * elem_bytes
-    phase1 = batch * nodes * row
-    phase2 = races * row
-    return {"phase1": phase1, "phase2": phase2, "total": phase1 + phase2}
+    racing request's stop row again: verify's bytes for N - 1 drafts and the bonus row."""
+    return verify_bytes(batch, nodes - 1, vocab, elem_bytes, races)
 
 
 def tree_table(peak_gbs: float) -> list[dict]:
-    rows = []
-    for vocab in (32000, 128256, 151936):
-        for nodes in (16, 32, 64):
-            for batch in (1, 8, 32, 64):
-                b = tree_bytes(batch, nodes, vocab)
-                g = grids(batch, nodes - 1, vocab)  # the same four launches over N rows per request
-                rows.append(
-                    dict(
-                        batch=batch,
-                        nodes=nodes,
-                        vocab=vocab,
-                        mb=b["total"] / 1e6,
-                        phase1_mb=b["phase1"] / 1e6,
-                        phase2_mb=b["phase2"] / 1e6,
-                        roofline_us=b["total"] / (peak_gbs * 1e3),
-                        tiles_grid=g["tiles"],
-                        race_grid=g["race"],
-                        walk_grid=g["walk"],
-                    )
-                )
-    return rows
+    """The tree rows: the same four launches over N rows per request (verify's k = N - 1)."""
+    return [
+        dict(
+            batch=r["batch"], nodes=r["k"] + 1, **{c: v for c, v in r.items() if c not in ("batch", "k", "tile_blocks")}
+        )
+        for r in _rows(peak_gbs, [n - 1 for n in (16, 32, 64)])
+    ]
 
 
 def table(peak_gbs: float) -> list[dict]:
+    return _rows(peak_gbs, [4, 8])
+
+
+def _rows(peak_gbs: float, ks: list[int]) -> list[dict]:
+    """One row per (V, k, B) of verify's bytes and launch grids."""
     rows = []
     for vocab in (32000, 128256, 151936):
-        for k in (4, 8):
+        for k in ks:
             for batch in (1, 8, 32, 64):
                 b = verify_bytes(batch, k, vocab)
                 g = grids(batch, k, vocab)
