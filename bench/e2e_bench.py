@@ -20,7 +20,8 @@ request at EOS, but here no request stops early, so every method and row does th
 work.
 
 Methods are `ar` or a `flashspark.methods` spec (drafter plus options:
-`dflash:k=3`, `dflash2:path=sample`, `dspark:sched=confidence,delay=2`).
+`dflash:k=3`, `dflash2:path=sample`, `dspark:sched=confidence,delay=2`, `dflash2:tree=32`);
+`--tree N` gives every DFlash and DFlash 2 method a tree of N nodes.
 Also reports drafts verified per step and the fraction of them rejected
 (wasted verify work).
 """
@@ -37,11 +38,28 @@ import timing
 import torch
 from flashspark.cli.common import check_args
 from flashspark.decoding.plain import generate
-from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method
+from flashspark.methods import DRAFTERS, drafter_dir_of, load_method_drafter, make_decoder, parse_method, with_tree
 from flashspark.models import catalog
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence"]
+
+
+def add_tree_arg(p) -> None:
+    p.add_argument(
+        "--tree",
+        type=int,
+        default=0,
+        metavar="N",
+        help="verify token trees of N nodes: every dflash / dflash2 method gets tree=N (DSpark stays a chain)",
+    )
+
+
+def apply_tree(p, args) -> list[str]:
+    """--methods with --tree applied (`flashspark.methods.with_tree`); a parser error for N = 1 or < 0."""
+    if args.tree == 1 or args.tree < 0:
+        p.error(f"--tree must be a node budget >= 2, got {args.tree}")
+    return [with_tree(m, args.tree) for m in args.methods]
 
 
 def make_ar(target):
@@ -279,6 +297,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tiny target only)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
+    add_tree_arg(p)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
     p.add_argument(
@@ -295,6 +314,7 @@ def main(argv=None) -> int:
         "--out", default=None, help="JSON path (default bench/results/e2e_bench[_<target>][_quick][_t1].json)"
     )
     args = p.parse_args(argv)
+    args.methods = apply_tree(p, args)
     if args.quick:
         args.concurrency, args.max_new_tokens, args.repeats, args.min_prompts = [1, 4, 16], 48, 1, 16
     suffix = ("_quick" if args.quick else "") + (f"_t{args.temperature:g}" if args.temperature else "")

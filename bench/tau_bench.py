@@ -13,6 +13,7 @@ Prints a table, writes bench/results/tau_bench[_<target>].json and a bar chart b
     python bench/tau_bench.py --model smollm2                # -> bench/results/tau_bench_smollm2.json, .png
     python bench/tau_bench.py --methods dflash2 --temperatures 0 --prompts 8 --max-new-tokens 64
     python bench/tau_bench.py --model smollm2 --dflash path/to/dflash   # a drafter directory of your own
+    python bench/tau_bench.py --tree 32      # DFlash and DFlash 2 verify 32-node trees (DSpark: chains)
 
 The target (`--model`, `--dtype`) and its held-out prompts come from bench/targets.py: the
 tiny target's are `--prompt-tokens` long (tasks code, prose), a real target's are the
@@ -257,6 +258,7 @@ def parse_args(argv):
         p.add_argument(f"--{name}", default=None, help=f"{name} drafter directory (default: the target's shipped one)")
     targets.add_tasks_arg(p)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    e2e_bench.add_tree_arg(p)
     p.add_argument("--prompts", type=int, default=24, help="held-out prompts per task (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8, help="requests decoded together (default %(default)s)")
@@ -272,6 +274,7 @@ def parse_args(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/tau_bench[_<target>].json)")
     args = p.parse_args(argv)
+    args.methods = e2e_bench.apply_tree(p, args)
     try:
         check_args(args)  # ranges (NaN and inf temperatures too) and the device
     except ValueError as e:

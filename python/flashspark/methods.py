@@ -8,6 +8,8 @@ One place for what the CLI and the benchmarks both need:
     dflash2:sched=confidence        DFlash 2 + confidence proxy + DSpark's scheduler
     dspark:sched=confidence,delay=2 DSpark with its own head, confidences two steps old
     dspark:sched=confidence,admit=budget  the engines' admission: a stale budget, then the top slots
+    dflash2:tree=32                 DFlash 2, a token tree of 32 nodes per step (DFlash too; not DSpark)
+    dflash2:tree=32,sched=confidence  ... the confidence scheduler cutting each tree by node survival
 
 `Decoder(spec, target)` (or `make_decoder`) decodes with a method:
 decoder(prompts, max_new_tokens, temperature, seed) -> (outputs, stats). Confidence schedulers get the SPS
@@ -35,6 +37,7 @@ from .models.dflash2 import load_dflash2
 from .models.dspark import ARCHITECTURE as DSPARK_ARCHITECTURE
 from .models.dspark import load_dspark
 from .models.io import has_weights
+from .models.tree import SEARCHES
 from .scheduling.confidence import ADMISSIONS, ConfidenceScheduler, ConfidenceStats, conditional
 from .scheduling.costs import SPSTable, forward_seconds, profile_sps
 from .scheduling.fixed import FixedK
@@ -80,6 +83,8 @@ class MethodSpec:
     online: bool = True  # confidence proxy: update from each step's outcomes
     plain_steps: bool = True  # confidence scheduler: run plain decode steps when drafting would not pay
     admission: str = "stop"  # confidence scheduler: Algorithm 1's early stop, or "budget" (the engines' rule)
+    tree: int = 0  # > 0: a token tree of this many nodes per step (the anchor and tree - 1 drafts); 0: chains
+    search: str = "best-first"  # how trees are built (models.tree.SEARCHES): best-first, or beam
 
     def __post_init__(self):
         if self.drafter not in DRAFTERS:
@@ -94,10 +99,18 @@ class MethodSpec:
             raise ValueError("the confidence scheduler needs confidences: use dspark, or dflash2 with its proxy")
         if (self.k is not None and self.k < 0) or self.delay < 0:
             raise ValueError("k and delay must be >= 0")
+        if self.tree == 1 or self.tree < 0:
+            raise ValueError(f"tree must be a node budget >= 2 (or 0: chains), got {self.tree}")
+        if self.tree and self.drafter == "dspark":
+            raise ValueError("DSpark drafts chains only (README, Trees): trees are for dflash and dflash2")
+        if self.search not in SEARCHES:
+            raise ValueError(f"unknown tree search {self.search!r}; expected one of {SEARCHES}")
+        if self.tree and self.k is not None:
+            raise ValueError("k bounds a chain; a tree's bound is its node budget (tree=N)")
 
 
 def parse_method(text: str) -> MethodSpec:
-    """`name[:key=value,...]` with keys k, sched, path, delay, admit, online (0/1), plain (0/1)."""
+    """`name[:key=value,...]` with keys k, sched, path, delay, admit, online (0/1), plain (0/1), tree, search."""
     name, _, opts = text.partition(":")
     kw: dict = {}
     for opt in filter(None, opts.split(",")):
@@ -106,6 +119,10 @@ def parse_method(text: str) -> MethodSpec:
             kw["k"] = int(val)
         elif key == "delay" and val.isdigit():
             kw["delay"] = int(val)
+        elif key == "tree" and val.isdigit():
+            kw["tree"] = int(val)
+        elif key == "search" and val:
+            kw["search"] = val
         elif key == "sched" and val:
             kw["scheduler"] = val
         elif key == "path" and val:
@@ -120,9 +137,20 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(
                 f"method option {opt!r} of {text!r} not understood "
                 "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, "
-                "admit=stop|budget, online=0|1, plain=0|1)"
+                "admit=stop|budget, online=0|1, plain=0|1, tree=N, search=best-first|beam)"
             )
     return MethodSpec(name, **kw)
+
+
+def with_tree(method: str, nodes: int) -> str:
+    """`method` verifying token trees of `nodes` nodes (a benchmark's `--tree N`): a DFlash or
+    DFlash 2 spec gains (or has replaced) its tree option; plain decoding (`ar`) and DSpark,
+    which drafts chains only, are returned as they are, as is every method for `nodes` 0."""
+    if not nodes or method == "ar" or parse_method(method).drafter == "dspark":
+        return method
+    name, _, opts = method.partition(":")
+    kept = [o for o in opts.split(",") if o and not o.startswith("tree=")]
+    return f"{name}:{','.join(kept + [f'tree={nodes}'])}"
 
 
 def drafter_dir_of(name: str, path: str | Path | None = None, target=None) -> Path:
@@ -187,11 +215,11 @@ def load_prior(drafter_dir: str | Path, temperature: float, width: int | None = 
 
 @torch.no_grad()
 def measured_step_seconds(
-    target, drafter, batch_size: int, path: str = "auto", context_len: int = 64, steps: int = 6
+    target, drafter, batch_size: int, path: str = "auto", context_len: int = 64, steps: int = 6, tree: int = 0
 ) -> float:
     """Wall seconds of one whole loop step (draft, verify forward of K + 1 tokens per request,
     verify, commit, injection) for `batch_size` requests, from a short greedy run with fixed
-    K = the drafter's drafts per block on random prompts. Measured inside the loop on purpose:
+    K = the drafter's drafts per block (a tree: all its nodes) on random prompts. Measured inside the loop on purpose:
     there the drafter and the target take turns and evict each other's weights from the
     caches, so the target's forward costs more than when it runs alone (as `profile_sps` times it)."""
     k = drafter.num_drafts
@@ -199,7 +227,7 @@ def measured_step_seconds(
     prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
 
     def run(new_tokens):
-        return speculative_generate(target, drafter, prompts, max_new_tokens=new_tokens, path=path, scheduler=FixedK(k))
+        return speculative_generate(target, drafter, prompts, max_new_tokens=new_tokens, path=path, tree=tree)
 
     run(2)  # warm-up
     _, st = run(steps * (k + 1))
@@ -242,24 +270,27 @@ def forward_seconds_now(
         return forward_seconds(target, tokens, cache, lens, torch.full_like(lens, tokens_per_request), hidden_layers)
 
 
-def step_sps(target, drafter, batch_size: int, path: str = "auto", rounds: int = 3) -> tuple[SPSTable, SPSTable]:
+def step_sps(
+    target, drafter, batch_size: int, path: str = "auto", rounds: int = 3, tree: int = 0
+) -> tuple[SPSTable, SPSTable]:
     """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
     step's other work, measured in the loop), and the target forward alone (a plain decode
     step at T = batch size). The forward's table is cached on disk (`profile_sps`); a
     `Decoder` keeps the pair per batch size."""
     layers = drafter.config.target_layer_ids
-    # Every verify width a step can take: 1 .. num_drafts + 1 tokens per request (beyond the
-    # table's end SPS would be read as flat, and the last draft as free).
-    widths = range(1, drafter.num_drafts + 2)
+    # Every verify width a step can take: 1 .. num_drafts + 1 tokens per request, or a tree's
+    # nodes (beyond the table's end SPS would be read as flat, and the last draft as free).
+    w = tree or drafter.num_drafts + 1  # tokens per request of a full-width verify forward
+    widths = range(1, w + 1)
     forward = profile_sps(target, batch_size, [batch_size * w for w in widths], hidden_layers=layers)
     # Whatever a real step costs beyond the profiled forward of its K + 1 tokens per request
     # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
     # per-step overhead of every speculative step. Measured as a ratio to the same forward
     # timed right after, median of `rounds`: a shared machine's slow spells then cancel
     # instead of landing in the overhead (one slow measurement once priced a batch size out).
-    w = drafter.num_drafts + 1  # tokens per request of a full-width verify forward
     ratios = [
-        measured_step_seconds(target, drafter, batch_size, path) / forward_seconds_now(target, batch_size, w, layers)
+        measured_step_seconds(target, drafter, batch_size, path, tree=tree)
+        / forward_seconds_now(target, batch_size, w, layers)
         for _ in range(rounds)
     ]
     overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * w))))
@@ -284,7 +315,9 @@ class Decoder:
             self.drafter_dir = drafter_dir_of(self.spec.drafter, drafter_dir, target)
             drafter = load_method_drafter(self.spec.drafter, target, self.drafter_dir)
         self.drafter = drafter
-        self.k_max = drafter.num_drafts if self.spec.k is None else self.spec.k
+        self.k_max = (
+            self.spec.tree - 1 if self.spec.tree else drafter.num_drafts if self.spec.k is None else self.spec.k
+        )
         self.proxies: dict[float, ConfidenceProxy] = {}
         self.priors: dict[float, ConfidenceStats | None] = {}
         self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
@@ -307,7 +340,7 @@ class Decoder:
                 )
             source = self.proxies[temperature].for_scheduler(online=spec.online)
         if batch_size not in self.sps:
-            self.sps[batch_size] = step_sps(self.target, drafter, batch_size, spec.path)
+            self.sps[batch_size] = step_sps(self.target, drafter, batch_size, spec.path, tree=spec.tree)
         spec_sps, plain_sps = self.sps[batch_size]
         return ConfidenceScheduler(
             self.k_max,
@@ -327,7 +360,8 @@ class Decoder:
         # Per temperature: the confidence stats of the shipped prior and earlier calls. A batch is
         # decoded plainly when MIN_PRIOR_ROWS rows of them say speculation cannot pay at its size.
         if temperature not in self.priors:
-            confident_method = spec.scheduler == "confidence"
+            # (The shipped prior is per block position: a tree's columns are nodes.)
+            confident_method = spec.scheduler == "confidence" and not spec.tree
             self.priors[temperature] = (
                 load_prior(self.drafter_dir, temperature, self.drafter.num_drafts)
                 if confident_method and self.drafter_dir
@@ -356,6 +390,8 @@ class Decoder:
             scheduler=scheduler,
             path=spec.path,
             record=record,
+            tree=spec.tree,
+            search=spec.search,
         )
         if confident and scheduler.stats is not None:
             self.priors[temperature] = scheduler.stats  # the prior plus this batch

@@ -173,6 +173,14 @@ def add_generate_spec_args(p) -> None:
         "--delay", type=int, default=0, help="confidence scheduler: use confidences this many steps old (engines use 2)"
     )
     p.add_argument(
+        "--tree",
+        type=int,
+        default=0,
+        metavar="N",
+        help="verify a token tree of N nodes per step (the anchor and N - 1 drafts, best first; dflash and "
+        "dflash2) instead of a chain; the confidence scheduler then cuts each tree by node survival (README, Trees)",
+    )
+    p.add_argument(
         "--admission",
         choices=ADMISSIONS,
         default="stop",
@@ -203,6 +211,8 @@ def check_generate_spec_args(args, method: str, target: catalog.TargetRef) -> No
                 f"no {method} drafter for {target.label} at {path} (drafters fit one target only): train it "
                 f"with `{catalog.train_hint(method, target.known)}`, or pass --drafter DIR"
             )
+    if args.tree and (args.tree < 2 or method == "dspark" or args.k is not None):
+        raise ValueError("--tree N needs N >= 2, the dflash or dflash2 method, and no --k (its bound is N - 1)")
     n = drafter_num_drafts(path)
     if args.k is not None and n is not None and not 1 <= args.k <= n:
         raise ValueError(f"--k must be in [1, {n}] (the {method} drafter's drafts per block), got {args.k}")
@@ -249,7 +259,13 @@ def run_generate_spec(args, method: str) -> int:
     check_generate_spec_args(args, method, run.target)
     target, eos = run.load_model(args)
     spec = MethodSpec(
-        method, k=args.k, scheduler=args.scheduler, path=args.path, delay=args.delay, admission=args.admission
+        method,
+        k=args.k,
+        scheduler=args.scheduler,
+        path=args.path,
+        delay=args.delay,
+        admission=args.admission,
+        tree=args.tree,
     )
     decode = make_decoder(spec, target, drafter_dir=args.drafter)
     ids = run.ids
@@ -275,9 +291,10 @@ def run_generate_spec(args, method: str) -> int:
     verified = sum(s["drafts_verified"] for s in spec_stats) / max(1, steps)
     tps = new / secs if secs > 0 else 0.0
     same = "identical to" if spec_out == ar_out else "different from"
-    k = decode.drafter.num_drafts if args.k is None else args.k
-    how = f"K={k}" if args.scheduler == "fixed" else f"confidence scheduler, K<={k}"
-    if method == "dflash2":
+    k = decode.k_max
+    what = f"a {args.tree}-node tree" if args.tree else f"K={k}"
+    how = what if args.scheduler == "fixed" else f"confidence scheduler, {'nodes' if args.tree else 'K'}<={k}"
+    if method == "dflash2" and not args.tree:
         how += f", {args.path} paths"
     print(
         f"\n[{method}, {how}] {new} new tokens in {secs:.2f} s: {tps:.1f} tokens/s, tau {tau:.2f} "

@@ -56,7 +56,10 @@ class LoopStats:
         self.accepted += (n_acc * live).cpu()
         self.verified += (k_b * live).cpu()
         self.pos_accepted += ((ar <= n_acc[:, None]) & live[:, None]).sum(0).cpu()
-        self.pos_tried += ((ar <= k_b[:, None]) & live[:, None]).sum(0).cpu()
+        # Block position k was tried when a verified draft sat there: a chain's first k_b, a tree's
+        # deepest verified node and above.
+        tried = k_b if block.tree is None else deepest(block.tree.depths, k_b)
+        self.pos_tried += ((ar <= tried[:, None]) & live[:, None]).sum(0).cpu()
 
     def result(self, outputs: list[list[int]]) -> dict:
         clock, steps, accepted, verified = self.clock, self.steps, self.accepted, self.verified
@@ -100,6 +103,12 @@ class LoopStats:
                 for k in ("confidence", "signals", "num_accepted", "num_verified", "top2_margin", "step")
             }
         return stats
+
+
+def deepest(depths: torch.Tensor, k_b: torch.Tensor) -> torch.Tensor:
+    """[B] the depth of the deepest of each tree's first k_b draft nodes (0 for none)."""
+    cols = torch.arange(depths.shape[1], device=depths.device)
+    return torch.where(cols < k_b[:, None], depths, 0).max(1).values
 
 
 def _recall(cand_ids, vtokens, n_acc, live) -> torch.Tensor:

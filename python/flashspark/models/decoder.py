@@ -10,12 +10,21 @@ One `forward` covers every use in speculative decoding:
 * batched prefill with ragged prompt lengths (right-padded, `num_new`),
 * batched decode (S = 1),
 * the ragged verification forward (each request its own number of new
-  tokens at its own position).
+  tokens at its own position),
+* the tree verification forward (`tree`: each request's new tokens are the
+  nodes of a token tree).
 
 Token s of request b sits at absolute position `cache_lens[b] + s`. Its K/V
 are written there; it attends to cache positions `< cache_lens[b]` and to the
 valid new tokens at or before it. The cache keeps no notion of validity:
 rolling back means passing smaller `cache_lens` next time.
+
+With a `TreeInputs`, new token s is node s of a tree (node 0 its root): it is
+written at cache slot `cache_lens[b] + s` as before, but its rotary position is
+`cache_lens[b] + depth` and it attends to the committed prefix and to its own
+ancestors only. A chain given as a tree is the ragged forward, bit for bit.
+After verification the accepted path's rows move to the slots of their depths
+(`compact_path`).
 """
 
 from __future__ import annotations
@@ -153,6 +162,13 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class TreeInputs(NamedTuple):
+    """The tree of a tree forward's S new tokens per request."""
+
+    depths: torch.Tensor  # [B, S] int64: node depth (root 0): the rotary position past cache_lens
+    ancestors: torch.Tensor  # [B, S, S] bool: node s attends to node j (j an ancestor of s, or s)
+
+
 class _CachePlan(NamedTuple):
     """Per-forward indexing shared by all layers."""
 
@@ -172,9 +188,9 @@ class Decoder(nn.Module):
 
 
 def _plan(
-    cache: KVCache, cache_lens: torch.Tensor, num_new: torch.Tensor, S: int, groups: int
+    cache: KVCache, cache_lens: torch.Tensor, num_new: torch.Tensor, S: int, groups: int, tree: TreeInputs | None = None
 ) -> tuple[_CachePlan, torch.Tensor]:
-    """Where the new tokens go and what each may attend to."""
+    """Where the new tokens go, what each may attend to, and their rotary positions."""
     B, L = cache.batch_size, cache.max_len
     device = cache.k.device
     cache_lens = cache_lens.to(device=device, dtype=torch.int64)
@@ -199,11 +215,37 @@ def _plan(
         b_idx = rows // S
         pos_idx = positions.reshape(-1)[rows]
     j = torch.arange(kv_len, device=device)
-    # Causal over absolute positions. A padded query may see stale slots;
-    # its output is ignored, and position 0 keeps its row from being empty.
-    mask = j[None, None, :] <= positions[:, :, None]  # [B, S, kv_len]
+    if tree is None:
+        # Causal over absolute positions. A padded query may see stale slots;
+        # its output is ignored, and position 0 keeps its row from being empty.
+        mask = j[None, None, :] <= positions[:, :, None]  # [B, S, kv_len]
+    else:
+        # The committed prefix, then the node's ancestors among the new slots (a chain's
+        # ancestors are the slots before it: the causal mask above).
+        rel = j[None, :] - cache_lens[:, None]  # [B, kv_len]: slot past the prefix
+        in_tree = (rel >= 0) & (rel < S)
+        anc = tree.ancestors.to(device).gather(2, rel.clamp(0, S - 1)[:, None, :].expand(B, S, kv_len))
+        mask = (rel < 0)[:, None, :] | (anc & in_tree[:, None, :])
+        positions = cache_lens[:, None] + tree.depths.to(device=device, dtype=torch.int64)
     mask = mask[:, None, None].expand(B, 1, groups, S, kv_len).reshape(B, 1, groups * S, kv_len)
     return _CachePlan(rows, b_idx, pos_idx, kv_len, mask), positions.clamp(max=L - 1)
+
+
+def compact_path(cache: KVCache, cache_lens: torch.Tensor, path: torch.Tensor) -> None:
+    """Move each request's accepted tree path to the slots of its depths: the row of node
+    path[b, d] (slot cache_lens[b] + path[b, d]) goes to slot cache_lens[b] + d, in every layer,
+    with one gather and one scatter per K and V; nothing else moves. path [B, D + 1] local node
+    ids, root first, -1 past the accepted ones (those slots are left alone). Nodes lie at or
+    after their depth's slot (a parent precedes its child), so no row is read after it was
+    overwritten: the gather copies first."""
+    B, W = path.shape
+    device = cache.k.device
+    lens = cache_lens.to(device=device, dtype=torch.int64)[:, None]
+    dst = lens + torch.arange(W, device=device)
+    src = torch.where(path >= 0, lens + path.to(device=device, dtype=torch.int64), dst)
+    b = torch.arange(B, device=device)[:, None].expand(B, W)
+    for t in (cache.k, cache.v):  # [L, B, H, T, D]: advanced indices (b, slot) -> [B, W, L, H, D]
+        t[:, b, :, dst] = t[:, b, :, src]
 
 
 def init_gpt2_(module: nn.Module, num_layers: int, seed: int = 0) -> None:
@@ -254,13 +296,14 @@ class DecoderForCausalLM(nn.Module):
         cache_lens: torch.Tensor | None = None,
         num_new: torch.Tensor | None = None,
         hidden_layers: list[int] | None = None,
+        tree: TreeInputs | None = None,
     ) -> ModelOutput:
         """See the module docstring. With `cache=None` this is a plain causal
         forward from position 0 (training and scoring)."""
-        last, hidden = self.backbone(tokens, cache, cache_lens, num_new, hidden_layers)
+        last, hidden = self.backbone(tokens, cache, cache_lens, num_new, hidden_layers, tree)
         return ModelOutput(self.lm_head(last).float(), hidden, last)
 
-    def backbone(self, tokens, cache=None, cache_lens=None, num_new=None, hidden_layers=None):
+    def backbone(self, tokens, cache=None, cache_lens=None, num_new=None, hidden_layers=None, tree=None):
         """Decoder stack without the LM head: (last_hidden, hidden or None)."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
@@ -277,6 +320,8 @@ class DecoderForCausalLM(nn.Module):
                 raise ValueError(f"hidden_layers {bad} out of range for {n_layers} layers")
         x = self.model.embed_tokens(tokens)
         if cache is None:
+            if tree is not None:
+                raise ValueError("a tree forward needs a KV cache")
             positions = torch.arange(S, device=tokens.device)[None].expand(B, S)
             plan = None
         else:
@@ -288,7 +333,10 @@ class DecoderForCausalLM(nn.Module):
                 num_new = torch.full((B,), S, dtype=torch.int64)
             if int(num_new.max()) > S or int(num_new.min()) < 0:
                 raise ValueError(f"num_new must lie in [0, {S}]")
-            plan, positions = _plan(cache, cache_lens, num_new, S, c.num_attention_heads // c.num_key_value_heads)
+            if tree is not None and (tree.depths.shape != (B, S) or tree.ancestors.shape != (B, S, S)):
+                raise ValueError(f"tree depths / ancestors must be [{B}, {S}] / [{B}, {S}, {S}]")
+            groups = c.num_attention_heads // c.num_key_value_heads
+            plan, positions = _plan(cache, cache_lens, num_new, S, groups, tree)
         cos, sin = rope_cos_sin(positions, c.head_dim, c.rope_theta, x.dtype)
         collected = {}
         for i, layer in enumerate(self.model.layers):

@@ -38,6 +38,7 @@ from torch import nn
 
 from .. import ops, reference
 from ..ops.sampling import PURPOSE_DRAFT, sample_logits
+from . import tree as tree_ops
 from .config import DecoderConfig, check_supported
 from .decoder import Attention, DecoderForCausalLM, DecoderLayer, RMSNorm, apply_rope, init_gpt2_
 from .drafter import DraftBlock
@@ -513,7 +514,18 @@ class DFlashDrafter(nn.Module):
         return self.logits(self.draft_states(cache, anchor, ctx_lens, num_drafts))
 
     def propose(
-        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+        self,
+        cache,
+        anchor,
+        ctx_lens,
+        temperature,
+        seeds,
+        offsets,
+        path="auto",
+        signals=True,
+        num_drafts=None,
+        tree=0,
+        search="best-first",
     ) -> DraftBlock:
         """Draft n = `num_drafts` (default all) tokens per request after `anchor`, drawing at
         Philox positions offsets + 0, 1, ....
@@ -522,11 +534,37 @@ class DFlashDrafter(nn.Module):
         DFlash-shaped drafter runs it (a DFlash 2 drafter: its backbone with DFlash's head).
         `path` and `signals` are DFlash 2's; other drafters ignore them. A block of fewer
         drafts is shorter (fewer mask slots), as the reference drafts near max_new_tokens.
+        `tree` = N >= 2: a token tree of N nodes instead (`propose_tree`, by `search`).
         """
+        if tree:
+            return self.propose_tree(cache, anchor, ctx_lens, temperature, tree, signals, num_drafts, search)
         logits = self.draft_logits(cache, anchor, ctx_lens, num_drafts)
         positions = offsets[:, None] + torch.arange(logits.shape[1], device=anchor.device)
         tokens, q = sample_logits(logits, temperature, seeds, positions, PURPOSE_DRAFT, want_probs=True)
         return DraftBlock(tokens, q, logits=logits)
+
+    def propose_tree(
+        self, cache, anchor, ctx_lens, temperature, num_nodes, signals=False, num_drafts=None, search="best-first"
+    ):
+        """DFlash's token tree: best-first expansion of its block lattice by the product of the
+        per-position probabilities (`models.tree`), over each position's Top-K (K = min(N - 1,
+        16): topk_select's bound). The positions are drafted in parallel, so a node's row is its position's
+        whatever its parent. Probabilities are at the request's temperature (T = 0: at 1).
+        Nothing is sampled: a tree is verified target-only (`tree_verify`), which is lossless
+        for any tree the drafter builds."""
+        logits = self.draft_logits(cache, anchor, ctx_lens, num_drafts)
+        scale = torch.where(temperature > 0, temperature, 1.0).float()[:, None, None]
+        topk = ops.topk_select if self.use_ops else reference.topk_select_reference
+        values, ids, lse = topk(logits / scale, min(num_nodes - 1, ops.MAX_TOP_K))
+        logp = values - lse[..., None]  # [B, P, K]
+        tokens, tree, _ = tree_ops.best_first_tree(
+            ids,
+            lambda d, parents: logp[:, d - 1, None].expand(-1, parents.shape[1], -1),
+            anchor,
+            num_nodes,
+            search=search,
+        )
+        return DraftBlock(tokens, tree=tree)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

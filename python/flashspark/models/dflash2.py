@@ -36,13 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops, reference
+from . import tree as tree_ops
 from .decoder import DecoderForCausalLM, RMSNorm
 from .dflash import DFlashCache, DFlashConfig, DFlashDrafter, load_drafter, save_dflash
 from .drafter import DraftBlock
 
 PATH_MODES = ("auto", "greedy", "backtrack", "sample")  # auto: greedy at temperature 0 (the reference's), else sample
 CONV_KERNEL_SIZE = 2  # taps per conv: what the op computes
-MAX_TOP_K = 16  # topk_select's bound
+MAX_TOP_K = ops.MAX_TOP_K  # topk_select's bound
 # The ops' overloads, called without the wrappers' Python frames on the drafting path.
 _two_tap_conv = torch.ops.flashspark.two_tap_conv.default
 _topk_select = torch.ops.flashspark.topk_select.default
@@ -303,13 +304,27 @@ class DFlash2Drafter(DFlashDrafter):
 
     @torch.no_grad()
     def propose(
-        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+        self,
+        cache,
+        anchor,
+        ctx_lens,
+        temperature,
+        seeds,
+        offsets,
+        path="auto",
+        signals=True,
+        num_drafts=None,
+        tree=0,
+        search="best-first",
     ) -> DraftBlock:
         """Draft a block through the Top-K lattice and the candidate selector. `sample` paths
         carry sparse q over the K candidates; deterministic paths (`greedy`, `backtrack`, and
         every path at temperature 0) are verified as one-hot drafts; `auto` = greedy at
         temperature 0 (the reference's path), else sample. `signals=False` skips the path
-        signals that only a confidence proxy reads; `num_drafts` shortens the block."""
+        signals that only a confidence proxy reads; `num_drafts` shortens the block. `tree` = N
+        >= 2: a token tree of N nodes instead (`propose_tree`; `path` does not apply)."""
+        if tree:
+            return self.propose_tree(cache, anchor, ctx_lens, temperature, tree, signals, num_drafts, search)
         if path not in PATH_MODES:
             raise ValueError(f"path must be one of {PATH_MODES}, got {path!r}")
         sampling = bool((temperature > 0).any())
@@ -326,6 +341,39 @@ class DFlash2Drafter(DFlashDrafter):
             cand_ids=cand_ids,
             top2_margin=None if sig is None else sig.unary_margin,
         )
+
+    def propose_tree(
+        self, cache, anchor, ctx_lens, temperature, num_nodes, signals=True, num_drafts=None, search="best-first"
+    ):
+        """DFlash 2's token tree: best-first expansion through its Top-K lattice by the selector's
+        path probability (`models.tree`). A child b of a node with token a at depth d - 1 gets
+        log softmax(S_d(a, ·) / T)[b] over the position's K candidates (T = 0: at 1): the
+        distribution the sampled paths draw from, whose argmax is the greedy path's choice, and,
+        normalized per row, a score no child exceeds its parent in (the raw S of the backtrack
+        path is not). With `signals`, each node carries its parent's score row's path signals
+        (what the confidence proxy reads: known before the node is chosen). Nothing is sampled:
+        the tree is verified target-only (`tree_verify`)."""
+        hidden = self.draft_states(cache, anchor, ctx_lens, num_drafts)
+        cand_ids, unary, g = self.lattice(hidden)
+        sel = self.selector
+        succ = sel.successor_codebook(cand_ids.long()).float()  # [B, P, K, r]
+        g = g.float()
+        scale = torch.where(temperature > 0, temperature, 1.0).float()[:, None, None]
+        rows: dict[int, torch.Tensor] = {}
+
+        def row_logp(d, parents):  # S_d(a, ·) for each parent token a [B, W] -> [B, W, K]
+            a = sel.predecessor_codebook(parents).float() * g[:, d - 1, None]
+            rows[d] = unary[:, d - 1, None] + a @ succ[:, d - 1].transpose(1, 2)
+            return torch.log_softmax(rows[d] / scale, -1)
+
+        def row_signals(d, parents, logp):
+            scores = rows.pop(d)
+            return path_signals(scores, unary[:, d - 1, None].expand_as(scores)).features()
+
+        tokens, tree, sig = tree_ops.best_first_tree(
+            cand_ids, row_logp, anchor, num_nodes, with_rows=row_signals if signals else None, search=search
+        )
+        return DraftBlock(tokens, signals=sig, tree=tree)
 
     def select_paths(
         self,

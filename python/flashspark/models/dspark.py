@@ -188,13 +188,29 @@ class DSparkDrafter(DFlashDrafter):
     # ------------------------------------------------------------ inference form
     @torch.no_grad()
     def propose(
-        self, cache, anchor, ctx_lens, temperature, seeds, offsets, path="auto", signals=True, num_drafts=None
+        self,
+        cache,
+        anchor,
+        ctx_lens,
+        temperature,
+        seeds,
+        offsets,
+        path="auto",
+        signals=True,
+        num_drafts=None,
+        tree=0,
+        search="best-first",
     ) -> DraftBlock:
         """Draft a block with the Markov head's serial chain: q dense when any request samples
         (one-hot drafts otherwise), and the calibrated confidences. `path` is DFlash 2's and
         ignored here; `signals` adds the top-2 margin of the Markov logits along the drafted
         chain (one more V-wide pass per block, so only when asked: records, margin baselines);
-        `num_drafts` shortens the block."""
+        `num_drafts` shortens the block. No trees (`tree`): README, "Trees"."""
+        if tree:
+            raise ValueError(
+                "DSpark drafts chains only: its Markov head conditions each position on the draft "
+                "before it, one V-wide head step per node of a tree (README, Trees)"
+            )
         hidden = self.draft_states(cache, anchor, ctx_lens, num_drafts)
         base = self.logits(hidden)
         tokens, q, conf = self._markov_chain(hidden, base, anchor, temperature, seeds, offsets)

@@ -20,12 +20,13 @@ Conventions shared by every op:
 
 from .common import GREEDY_TEMPERATURE, MAX_SPEC_LEN, raise_on_status
 from .dflash import block_diffusion_attention, inject_context_kv
-from .dflash2 import path_sampling_defaults, path_select, topk_select, two_tap_conv
+from .dflash2 import MAX_TOP_K, path_sampling_defaults, path_select, topk_select, two_tap_conv
 from .dspark import markov_step
 from .tree_verify import MAX_TREE_DEPTH, NO_PARENT, tree_verify, tree_verify_out
 from .verify import PLACEHOLDER_TOKEN, verify, verify_out
 
 __all__ = [
+    "MAX_TOP_K",
     "verify",
     "verify_out",
     "tree_verify",

@@ -10,6 +10,8 @@ import torch
 from .common import GREEDY_TEMPERATURE, _one_device, _to_int, drafter_logits, log_softmax_shifted, rms_norm
 from .philox import PURPOSE_PATH, gumbel, philox_u32
 
+# topk_select's bound on k.
+MAX_TOP_K = 16
 # The default number of channels sharing one dynamic tap of two_tap_conv (its group_size).
 CONV_GROUP = 16
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.drafter import DraftTree
+
 
 @dataclass
 class ScheduleState:
@@ -24,6 +26,7 @@ class ScheduleState:
     draft_logits: torch.Tensor | None = None  # [B, gamma - 1, V] float32 (DFlash drafters)
     confidence: torch.Tensor | None = None  # [B, gamma - 1] per-token survival (DSpark's head)
     signals: torch.Tensor | None = None  # [B, gamma - 1, 4] path-selector signals (DFlash 2)
+    tree: DraftTree | None = None  # a tree block: the per-draft fields hold its N - 1 nodes, best first
 
 
 class Scheduler:

@@ -147,12 +147,19 @@ class ConfidenceStats:
         self.survival += survival.detach().double().cpu().sum(0)
         self.rows += survival.shape[0]
 
-    def add_outcomes(self, survival: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
+    def add_outcomes(
+        self,
+        survival: torch.Tensor,
+        num_accepted: torch.Tensor,
+        num_verified: torch.Tensor,
+        accepted: torch.Tensor | None = None,
+    ) -> None:
         """Predicted survivals [B, K'] of a step's blocks and their outcomes [B]: slot k (0-based)
-        was verified iff k < num_verified, its prefix accepted iff k < num_accepted."""
+        was verified iff k < num_verified, its prefix accepted iff k < num_accepted (a tree's
+        node: iff `accepted` [B, K'] says it is on the walked path)."""
         k = torch.arange(self.width)
         seen = k < num_verified.cpu()[:, None]
-        ok = (k < num_accepted.cpu()[:, None]) & seen
+        ok = ((k < num_accepted.cpu()[:, None]) if accepted is None else accepted.cpu()) & seen
         self.predicted += (survival.detach().double().cpu() * seen).sum(0)
         self.observed += ok.sum(0).double()
 
@@ -350,7 +357,9 @@ class ConfidenceScheduler(Scheduler):
         """The loop reports each step's outcomes: they recalibrate the confidences, and a
         confidence source that learns online hears them too."""
         if self._last is not None and self.stats is not None:
-            self.stats.add_outcomes(self._last, num_accepted, num_verified)
+            tree = getattr(block, "tree", None)  # (callers replaying outcomes may pass no block)
+            accepted = None if tree is None else tree.accepted
+            self.stats.add_outcomes(self._last, num_accepted, num_verified, accepted)
         observe = getattr(self.confidence_fn, "observe", None)
         if observe is not None:
             observe(block, num_accepted, num_verified)

@@ -31,6 +31,9 @@ from pathlib import Path
 
 import torch
 
+from ..models.tree import node_survival
+from .confidence import conditional
+
 SIGNALS = ("top_prob", "top_margin", "unary_top1_prob", "entropy")
 
 
@@ -73,10 +76,13 @@ class ConfidenceProxy:
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (signals, their features)
 
     # ------------------------------------------------------------ prediction
-    def __call__(self, signals: torch.Tensor) -> torch.Tensor:
-        """signals [B, K, 4] -> c [B, K] in (0, 1)."""
-        k = signals.shape[-2]
-        return torch.sigmoid(self._features_of(signals) @ self.weight + self.bias[:k])
+    def __call__(self, signals: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """signals [B, K, 4] -> c [B, K] in (0, 1); the bias of column k, or of `positions` [B, K]
+        (0-based block positions: a tree's node depths - 1, past the width clamped to its last)."""
+        if positions is None:
+            return torch.sigmoid(self._features_of(signals) @ self.weight + self.bias[: signals.shape[-2]])
+        bias = self.bias[positions.clamp(0, self.width - 1)]
+        return torch.sigmoid(self._features_of(signals) @ self.weight + bias)
 
     def _features_of(self, signals: torch.Tensor) -> torch.Tensor:
         # The loop scores a step's signals, then observes the same tensor: compute once.
@@ -126,7 +132,27 @@ class ConfidenceProxy:
 
     def observe(self, signals: torch.Tensor, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
         """Online update from one verify step's outcomes (no host synchronization)."""
-        rows = self._observations(signals, num_accepted.long(), num_verified.long())
+        self.observe_rows(*self._observations(signals, num_accepted.long(), num_verified.long()))
+
+    def observe_tree(self, signals: torch.Tensor, tree, num_verified: torch.Tensor) -> None:
+        """Online update from a tree step: a verified node of rank 0 whose parent was accepted
+        is an observation of its row's c (the proxy's event: the target's token is the row's
+        best candidate), labelled by whether it was accepted."""
+        M = tree.parents.shape[1]
+        verified = torch.arange(M, device=signals.device) < num_verified.long()[:, None]
+        on = torch.cat((torch.ones_like(tree.accepted[:, :1]), tree.accepted), 1)
+        seen = verified & (tree.rank == 0) & on.gather(1, tree.parents)
+        self.observe_rows(
+            self._features_of(signals).reshape(-1, len(SIGNALS)),
+            (tree.depths - 1).clamp(0, self.width - 1).reshape(-1),
+            tree.accepted.float().reshape(-1),
+            seen.float().reshape(-1),
+        )
+
+    def observe_rows(self, feats, pos, label, mask) -> None:
+        """Observations (features [N, 4], 0-based positions, labels, mask) into the ring; a refit
+        every `refit_every` calls."""
+        rows = (feats, pos, label, mask)
         total = rows[0].shape[0]
         n = min(total, self.capacity)  # more rows than the ring holds: the last ones
         start = (self._head + total - n) % self.capacity  # row i of the step goes to (head + i) % capacity
@@ -195,10 +221,19 @@ class ProxyConfidence:
         self.proxy, self.online = proxy, online
 
     def __call__(self, state) -> torch.Tensor:
+        """Per-draft confidences [B, K']; of a tree, per node in column order, the conditional
+        c_k = a_k / a_(k-1) of its node survivals a (`models.tree.node_survival`), so that the
+        scheduler's prefix products are those survivals."""
         if state.signals is None:
             raise ValueError("the confidence proxy needs a DFlash 2 drafter's path signals")
-        return self.proxy(state.signals)
+        if state.tree is None:
+            return self.proxy(state.signals)
+        return conditional(node_survival(self.proxy(state.signals, state.tree.depths - 1), state.tree))
 
     def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
-        if self.online:
+        if not self.online:
+            return
+        if block.tree is None:
             self.proxy.observe(block.signals, num_accepted, num_verified)
+        else:
+            self.proxy.observe_tree(block.signals, block.tree, num_verified)
