@@ -17,7 +17,7 @@ an H200 projection.
    logits at `--peak-gbs`, matmul FLOPs at `--peak-tflops`, whichever takes longer), for the
    target's verify forward of the chain's K + 1 or the tree's N tokens per request and the
    drafter's forward, at batch 1 and 32, with the τ measured in part 1: the tree's projected
-   gain over the chain.
+   gain over the chain. The model and the H200's description are `flashspark.scheduling.costs`'.
 
 The bars (a real target): DFlash 2 with a 32-node tree reaches >= 1.25 x its chain's τ on the
 held-out chat prompts at T = 0; at concurrency 1 the best tree is faster than the best chain.
@@ -27,6 +27,7 @@ Prints tables, writes bench/results/tree_bench[_<target>][_quick].json and a PNG
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -39,12 +40,12 @@ import timing
 import torch
 from flashspark.cli.common import check_args
 from flashspark.decoding.loop import prefill
+from flashspark.scheduling import costs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TREE_DRAFTERS = ("dflash", "dflash2")  # DSpark drafts chains only
 TAU_BAR = 1.25  # DFlash 2, 32-node tree over its chain, chat prompts, T = 0
 BAR_TREE = 32
-H200_GBS, H200_TFLOPS = 4800.0, 989.0  # HBM3e bandwidth; dense bf16 tensor-core peak
 
 
 def method_of(drafter: str, tree: int, search: str = "best-first") -> str:
@@ -82,26 +83,16 @@ def draft_times(decoders: dict, prompts: list[list[int]], trees: list[int], batc
 
 
 # ------------------------------------------------------------------ 4. projection
-def step_seconds(cfg, batch: int, tokens: int, context: int, peak_gbs: float, peak_tflops: float) -> float:
-    """Roofline seconds of the target's forward over `tokens` new tokens per request at `context`
-    committed ones (bf16): max(bytes / bandwidth, FLOPs / peak)."""
-    D, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
-    kv_dim = cfg.num_key_value_heads * cfg.head_dim
-    q_dim = cfg.num_attention_heads * cfg.head_dim
-    layer = D * (q_dim + 2 * kv_dim) + q_dim * D + 3 * D * cfg.intermediate_size
-    params = L * layer + V * D  # the LM head (embeddings are a gather)
-    kv_bytes = 2 * L * 2 * kv_dim * batch * (context + tokens)
-    logits = 4 * batch * tokens * V
-    flops = 2 * params * batch * tokens + 4 * L * q_dim * batch * tokens * (context + tokens)
-    return max((2 * params + kv_bytes + logits) / (peak_gbs * 1e9), flops / (peak_tflops * 1e12))
+def drafter_shape(drafter) -> costs.ForwardShape:
+    """A DFlash-shaped drafter's forward: its layers over a block of γ rows per request (context
+    K/V injected from the target), the shared LM head over its γ - 1 drafting rows."""
+    c = drafter.config
+    return costs.ForwardShape.of_decoder(c.layer_config(), head_rows=drafter.num_drafts / drafter.block_size)
 
 
-def drafter_seconds(target_cfg, drafter, batch: int, peak_gbs: float, peak_tflops: float) -> float:
-    """Roofline seconds of one drafter forward (its layers and the shared LM head over a block)."""
-    own = sum(p.numel() for n, p in drafter.named_parameters() if "embed" not in n)
-    head = target_cfg.vocab_size * target_cfg.hidden_size
-    rows = batch * drafter.block_size
-    return max(2 * (own + head) / (peak_gbs * 1e9), 2 * (own + head) * rows / (peak_tflops * 1e12))
+def hardware(args) -> costs.Hardware:
+    """The H200's description (scheduling/costs.py), with --peak-gbs / --peak-tflops if given."""
+    return dataclasses.replace(costs.H200, bandwidth_gbs=args.peak_gbs, peak_tflops=args.peak_tflops)
 
 
 def projection(decoders: dict, tau: dict, trees: list[int], args) -> list[dict]:
@@ -112,13 +103,15 @@ def projection(decoders: dict, tau: dict, trees: list[int], args) -> list[dict]:
         if not n or (drafter_name, temperature, 0) not in tau:
             continue
         decode = decoders[drafter_name]
-        cfg, drafter = decode.target.config, decode.drafter
+        drafter = decode.drafter
+        target, hw = costs.ForwardShape.of_decoder(decode.target.config), hardware(args)
         chain_tokens = drafter.num_drafts + 1
         for B in (1, 32):
-            draft = drafter_seconds(cfg, drafter, B, args.peak_gbs, args.peak_tflops)
-            plain = step_seconds(cfg, B, 1, args.context, args.peak_gbs, args.peak_tflops)
-            chain = draft + step_seconds(cfg, B, chain_tokens, args.context, args.peak_gbs, args.peak_tflops)
-            tree = draft + step_seconds(cfg, B, n, args.context, args.peak_gbs, args.peak_tflops)
+            draft = float(costs.forward_time(drafter_shape(drafter), hw, B, drafter.block_size, args.context))
+            plain, chain, tree = (
+                float(costs.forward_time(target, hw, B, t, args.context)) for t in (1, chain_tokens, n)
+            )
+            chain, tree = draft + chain, draft + tree
             tau_chain = tau[(drafter_name, temperature, 0)]
             rows.append(
                 {
@@ -249,8 +242,8 @@ def parse_args(argv):
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end part")
     p.add_argument("--draft-rounds", type=int, default=20)
     p.add_argument("--context", type=int, default=1024, help="projection: committed tokens per request")
-    p.add_argument("--peak-gbs", type=float, default=H200_GBS)
-    p.add_argument("--peak-tflops", type=float, default=H200_TFLOPS)
+    p.add_argument("--peak-gbs", type=float, default=costs.H200.bandwidth_gbs)
+    p.add_argument("--peak-tflops", type=float, default=costs.H200.peak_tflops)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="N in {8, 32}, 4 prompts per task, 48 new tokens, 1 repeat")
@@ -343,12 +336,11 @@ def main(argv=None) -> int:
         "e2e": e2e,
         "projection": {
             "label": "PROJECTION: a roofline of one step on an H200, not a measurement",
-            "peak_gbs": args.peak_gbs,
-            "peak_tflops": args.peak_tflops,
+            "hardware": hardware(args).to_dict(),
             "context": args.context,
             "model": "step = drafter forward + target forward of K + 1 (chain) or N (tree) tokens per request, "
-            "each max(bytes / bandwidth, FLOPs / peak), bf16 weights and KV cache, fp32 logits; "
-            "tokens/s = tau / step; tau measured in this run",
+            "each overhead + max(bytes / bandwidth, FLOPs / peak) (scheduling/costs.py), bf16 weights and KV "
+            "cache, fp32 logits; tokens/s = tau / step; tau measured in this run",
             "rows": projected,
         },
         "bars": bars(tau_rows, e2e, target.tiny),

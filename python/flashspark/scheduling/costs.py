@@ -1,20 +1,38 @@
 """What a step costs: SPS(T) tables (target verify steps per second at T verified tokens),
-profiled once on the running machine and cached on disk, and the timing of one forward."""
+profiled once on the running machine and cached on disk, and the timing of one forward; and a
+cost model that computes them from a model's sizes and a hardware description instead.
+
+The cost model (`Hardware`, `ForwardShape`, `forward_time`): one forward of `tokens` new
+tokens for each of `batch` requests at `context` committed tokens reads the weights once, the
+KV cache of every request and writes fp32 logits; it runs the matmuls and the attention's
+FLOPs. It takes the slower of reading and computing, plus a fixed overhead per forward:
+
+    t = overhead + max(bytes / bandwidth, FLOPs / peak)
+
+A CPU's description is fitted to its measured SPS tables (`fit_hardware`, with the fit's
+error); `H200` is written down from the data sheet. `model_sps` turns either into the
+SPS table a scheduler reads, before (or without) measuring one.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
 from .. import data
+
+if TYPE_CHECKING:
+    from ..models.config import DecoderConfig
 
 
 class SPSTable:
@@ -196,3 +214,153 @@ def profile_sps(
     # Atomic: other processes on the machine share the cache and may read it at any moment.
     data.write_json(path, table.to_dict() | {"key": key, "batch_size": batch_size, "context_len": context_len})
     return table.monotone()
+
+
+# ---------------------------------------------------------------------- cost model
+@dataclass(frozen=True)
+class Hardware:
+    """A machine as the cost model sees it: bytes move at `bandwidth_gbs`, matmul FLOPs run at
+    `peak_tflops`, and every forward pays `overhead_s` besides (kernel launches or framework
+    dispatch, synchronization)."""
+
+    name: str
+    bandwidth_gbs: float
+    peak_tflops: float
+    overhead_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hardware":
+        return cls(**{k: d[k] for k in ("name", "bandwidth_gbs", "peak_tflops", "overhead_s")})
+
+
+# An H200 SXM: HBM3e at 4.8 TB/s, 989 dense bf16 TFLOP/s (the data sheet's 1979 counts 2:4
+# sparsity). The overhead is a CUDA-graph replay of a decode step, as vLLM and SGLang run one:
+# about 20 us of launch and host-device synchronization per forward (a graph replays each
+# layer's kernels back to back; without graphs a 36-layer forward issues ~300 launches, ~1.5 ms).
+H200 = Hardware("H200 SXM (data sheet; projection)", 4800.0, 989.0, 20e-6)
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """The sizes of a decoder that set what one forward costs."""
+
+    weight_bytes: float  # read once per forward (every matmul's weights)
+    matmul_flops_per_token: float  # 2 x the matmul parameters a token passes through
+    kv_bytes_per_token: float  # one cached token's K and V over all layers
+    attention_flops_per_pair: float  # QK^T and PV over all layers, per (query, key) pair
+    logits_bytes_per_token: float  # fp32 logits written per token (0 where none are)
+
+    @classmethod
+    def of_decoder(
+        cls,
+        cfg: "DecoderConfig",
+        weight_bytes_per_param: float = 2.0,
+        kv_bytes_per_value: float = 2.0,
+        layers: int | None = None,
+        head_rows: float = 1.0,
+    ) -> "ForwardShape":
+        """A Llama-family decoder of `cfg` (its first `layers` layers), bf16 by default. The LM
+        head counts as a matmul (the embedding is a gather); `head_rows` of every token's rows
+        go through it (a drafter's block: γ - 1 of its γ slots)."""
+        L = cfg.num_hidden_layers if layers is None else layers
+        D, V = cfg.hidden_size, cfg.vocab_size
+        q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        layer = D * (q_dim + 2 * kv_dim) + q_dim * D + 3 * D * cfg.intermediate_size
+        return cls(
+            weight_bytes=weight_bytes_per_param * (L * layer + V * D),
+            matmul_flops_per_token=2.0 * (L * layer + head_rows * V * D),
+            kv_bytes_per_token=kv_bytes_per_value * L * 2 * kv_dim,
+            attention_flops_per_pair=4.0 * L * q_dim,
+            logits_bytes_per_token=4.0 * V * head_rows,
+        )
+
+
+def forward_time(shape: ForwardShape, hw: Hardware, batch, tokens, context):
+    """Seconds of one forward of `tokens` new tokens for each of `batch` requests at `context`
+    committed ones (numbers or NumPy arrays): overhead + max(bytes / bandwidth, FLOPs / peak)."""
+    batch, tokens, context = (np.asarray(x, dtype=np.float64) for x in (batch, tokens, context))
+    rows, keys = batch * tokens, context + tokens
+    reads = shape.weight_bytes + batch * keys * shape.kv_bytes_per_token + rows * shape.logits_bytes_per_token
+    flops = rows * (shape.matmul_flops_per_token + shape.attention_flops_per_pair * keys)
+    return hw.overhead_s + np.maximum(reads / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
+
+
+def model_sps(
+    shape: ForwardShape, hw: Hardware, batch_size: int, token_counts: Sequence[int], context: int, overhead_s=0.0
+) -> SPSTable:
+    """The SPS table the cost model predicts (`profile_sps`'s grid: T tokens spread over the
+    batch, at least one each), with `overhead_s` per step beside the forward (drafting)."""
+    counts = sorted({int(t) for t in token_counts})
+    if counts[0] < batch_size:
+        raise ValueError(f"every request verifies at least one token: token counts must be >= {batch_size}")
+    # T rows in all, as an engine flattens a ragged batch (profile_sps's default grid is T = B k).
+    seconds = [float(forward_time(shape, hw, batch_size, t / batch_size, context)) + overhead_s for t in counts]
+    return SPSTable(counts, [1.0 / x for x in seconds])
+
+
+@dataclass(frozen=True)
+class HardwareFit:
+    hardware: Hardware
+    relative_errors: list[float]  # predicted / measured - 1, per measurement
+
+    @property
+    def rms_error(self) -> float:
+        return float(np.sqrt(np.mean(np.square(self.relative_errors))))
+
+    @property
+    def max_error(self) -> float:
+        return float(np.max(np.abs(self.relative_errors)))
+
+
+def fit_hardware(
+    shape: ForwardShape, measured: Sequence[tuple[int, float, int, float]], name: str = "fitted"
+) -> HardwareFit:
+    """The `Hardware` whose `forward_time` best fits measured forwards (batch, tokens per
+    request, context, seconds), in relative error. For a fixed split of the points between the
+    memory-bound and the compute-bound regime the model is linear in (overhead, 1 / bandwidth,
+    1 / peak): least squares, re-split by the fit, repeated to a fixed point, from every split
+    by a threshold on the FLOPs-to-bytes ratio; the best fit wins. A CPU has no data sheet that
+    predicts its PyTorch forwards: its fitted numbers are effective rates, whatever the caches,
+    threads and dispatch make of them."""
+    m = np.asarray(measured, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] < 3 or m.shape[1] != 4:
+        raise ValueError("fit_hardware needs at least 3 measured forwards (batch, tokens, context, seconds)")
+    batch, tokens, context, seconds = m.T
+    rows, keys = batch * tokens, context + tokens
+    reads = shape.weight_bytes + batch * keys * shape.kv_bytes_per_token + rows * shape.logits_bytes_per_token
+    flops = rows * (shape.matmul_flops_per_token + shape.attention_flops_per_pair * keys)
+
+    def solve(memory: np.ndarray):
+        # Relative least squares on (overhead, seconds per byte, seconds per FLOP), all >= 0:
+        # a coefficient the solution makes negative is dropped and the rest solved again.
+        cols = np.stack((np.ones_like(seconds), reads * memory, flops * ~memory), 1) / seconds[:, None]
+        keep = [j for j in range(3) if cols[:, j].any()]
+        while True:
+            x = np.zeros(3)
+            x[keep] = np.linalg.lstsq(cols[:, keep], np.ones_like(seconds), rcond=None)[0]
+            if (x[keep] >= 0).all() or len(keep) == 1:
+                return np.maximum(x, 0.0)
+            keep = [j for j in keep if x[j] > 0]
+
+    best = None
+    intensity = flops / reads
+    for threshold in np.concatenate(([-np.inf], np.sort(intensity))):
+        memory = intensity <= threshold
+        for _ in range(20):
+            x = solve(memory)
+            split = reads * x[1] >= flops * x[2]
+            if (split == memory).all():
+                break
+            memory = split
+        pred = x[0] + np.maximum(reads * x[1], flops * x[2])
+        err = pred / seconds - 1.0
+        if best is None or np.square(err).sum() < np.square(best[1]).sum():
+            best = (x, err)
+    x, err = best
+    hw = Hardware(
+        name, float(1e-9 / x[1]) if x[1] > 0 else math.inf, float(1e-12 / x[2]) if x[2] > 0 else math.inf, float(x[0])
+    )
+    return HardwareFit(hw, err.tolist())
