@@ -42,6 +42,7 @@ from .scheduling.confidence import ADMISSIONS, ConfidenceScheduler, ConfidenceSt
 from .scheduling.costs import SPSTable, forward_seconds, profile_sps
 from .scheduling.fixed import FixedK
 from .scheduling.proxy import ConfidenceProxy
+from .scheduling.verdict import BatchVerdict
 
 # The drafter registry: a new drafter is its model file plus one line here.
 LOADERS = {"dflash": load_dflash, "dflash2": load_dflash2, "dspark": load_dspark}
@@ -322,6 +323,7 @@ class Decoder:
         self.priors: dict[float, ConfidenceStats | None] = {}
         self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
         self.sps: dict[int, tuple[SPSTable, SPSTable]] = {}  # per batch size: (speculative, plain) step rates
+        self.verdict = BatchVerdict()  # per batch size and temperature: speculate or decode plainly
 
     def prepare(self, batch_size: int, temperature: float) -> None:
         self.scheduler_for(batch_size, temperature)
@@ -370,15 +372,19 @@ class Decoder:
         prior = self.priors[temperature]
         scheduler = self.scheduler_for(B, temperature, prior, self.step_costs.get(B))
         confident = isinstance(scheduler, ConfidenceScheduler) and spec.plain_steps
-        if (
-            confident
-            and not record
-            and prior is not None
-            and prior.rows >= scheduler.min_rows
-            and not scheduler.expects_gain(conditional(prior.mean_survival()), B)
-        ):
-            # Speculation is not expected to pay at this load: decode the batch plainly.
-            return _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
+        key = (B, temperature)
+        if confident and not record:
+            # Speculate or decode the batch plainly: a bandit over both's measured tokens/s
+            # (scheduling/verdict.py), the prior's prediction until there are measurements.
+            predicted = (
+                prior is None
+                or prior.rows < scheduler.min_rows
+                or scheduler.expects_gain(conditional(prior.mean_survival()), B)
+            )
+            if not self.verdict.choose(key, predicted):
+                out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
+                self.verdict.record(key, False, stats["tokens_per_s"])
+                return out, stats
         out, stats = speculative_generate(
             self.target,
             self.drafter,
@@ -396,6 +402,8 @@ class Decoder:
         if confident and scheduler.stats is not None:
             self.priors[temperature] = scheduler.stats  # the prior plus this batch
             self.step_costs[B] = scheduler.step_cost_totals()
+        if confident and not record:
+            self.verdict.record(key, True, stats["tokens_per_s"])
         return out, stats
 
 

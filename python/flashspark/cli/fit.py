@@ -159,6 +159,8 @@ def collect_records(
         rec = dict(st["records"])
         if rec.get("step") is not None:  # batches run one after another: later steps, later ids
             rec["step"] = rec["step"] + steps_before
+        if rec.get("request") is not None:  # request ids over all prompts
+            rec["request"] = rec["request"] + i
         steps_before += st["iterations"]
         parts.append(rec)
 

@@ -145,7 +145,7 @@ def speculative_generate(
         live, vtokens, n_acc = active.clone(), vtokens.long(), n_acc.long()  # live: the requests verified this step
         if drafted:
             scheduler.observe(block, n_acc, k_b)
-        stats.step(block, drafted, vtokens, n_acc, k_b, live)
+        stats.step(block, drafted, vtokens, n_acc, k_b, live, lens)
         n_out, active = emit(out_buf, n_out, active, vtokens, n_acc, live, eos_id, max_new_tokens)
         # 7. Inject the committed tokens' features (anchor + accepted drafts: rows 0..n_acc at lens ..).
         #    All rows are written; rejected ones sit past the new ctx_len and get overwritten. A tree's

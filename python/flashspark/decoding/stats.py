@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from ..models.drafter import top2_margin
+
 
 class Clock:
     """Seconds per phase (synchronizing on CUDA so each phase owns its kernels)."""
@@ -43,12 +45,13 @@ class LoopStats:
     def tick(self, phase: str) -> None:
         self.clock.tick(phase)
 
-    def step(self, block, drafted: bool, vtokens, n_acc, k_b, live) -> None:
-        """One loop iteration's outcomes: the drafts verified (k_b) and accepted (n_acc) per live request."""
+    def step(self, block, drafted: bool, vtokens, n_acc, k_b, live, lens=None) -> None:
+        """One loop iteration's outcomes: the drafts verified (k_b) and accepted (n_acc) per live
+        request (`lens`: their committed tokens before the step, for the records)."""
         self.iterations += 1
         self.plain_steps += not drafted
         if self.record and drafted:
-            self.records.append(_record(block, n_acc, k_b, live, self.iterations - 1))
+            self.records.append(_record(block, n_acc, k_b, live, self.iterations - 1, lens))
         if block.cand_ids is not None:
             self.recall += _recall(block.cand_ids, vtokens, n_acc, live)
         ar = self.draft_positions
@@ -100,7 +103,7 @@ class LoopStats:
         if self.record:
             stats["records"] = {
                 k: torch.cat([r[k] for r in self.records]) if self.records and self.records[0][k] is not None else None
-                for k in ("confidence", "signals", "num_accepted", "num_verified", "top2_margin", "step")
+                for k in RECORD_KEYS
             }
         return stats
 
@@ -123,19 +126,41 @@ def _recall(cand_ids, vtokens, n_acc, live) -> torch.Tensor:
     return torch.stack([known.sum(), top1.sum(), topk.sum()]).cpu()
 
 
-def _record(block, n_acc, k_b, live, step: int) -> dict:
+# What a record holds per live request-step (stats["records"][key], rows in decode order).
+RECORD_KEYS = (
+    "confidence",  # [N, K'] DSpark's calibrated per-token survival (None for other drafters)
+    "signals",  # [N, K', 4] DFlash 2's path signals (the proxy's inputs)
+    "num_accepted",  # [N]
+    "num_verified",  # [N]
+    "top2_margin",  # [N, K'] the drafter's top-1 minus top-2 log-prob (the margin baseline's input)
+    "step",  # [N] the loop iteration
+    "tokens",  # [N, K'] the drafted block
+    "request",  # [N] the request's index in the batch
+    "ctx_len",  # [N] its committed tokens before the step
+)
+
+
+def _record(block, n_acc, k_b, live, step: int, lens=None) -> dict:
     """The live requests' confidences / signals and outcomes of one step, on the CPU, with the
-    drafter's top-2 margins and the loop iteration (online scorers replay records step by step)."""
+    drafter's top-2 margins, the drafted tokens, the request, its context length and the loop
+    iteration (online scorers replay records step by step; traces replay them under policies)."""
     rows = live.nonzero()[:, 0]
 
     def pick(x):
         return None if x is None else x[rows].float().cpu()
 
+    # DFlash returns its logits, not their margins: the margin baseline reads them all the same.
+    margin = block.top2_margin
+    if margin is None and block.logits is not None and block.tree is None:
+        margin = top2_margin(block.logits)
     return {
         "confidence": pick(block.confidence),
         "signals": pick(block.signals),
         "num_accepted": n_acc[rows].cpu(),
         "num_verified": k_b[rows].cpu(),
-        "top2_margin": pick(block.top2_margin),
+        "top2_margin": pick(margin),
         "step": torch.full((rows.numel(),), step, dtype=torch.int64),
+        "tokens": block.tokens[rows].cpu(),
+        "request": rows.cpu(),
+        "ctx_len": None if lens is None else lens[rows].cpu(),
     }

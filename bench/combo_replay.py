@@ -1,0 +1,286 @@
+"""The combination question replayed: every method over recorded acceptance traces, priced by a
+cost model, at concurrency 1-64 (flashspark.scheduling.replay; traces from
+bench/record_traces.py).
+
+    python bench/combo_replay.py --quick                  # tiny target's traces, H200: a minute at most
+    python bench/combo_replay.py --target smollm2         # SmolLM2's traces
+    python bench/combo_replay.py --cost-model cpu         # this CPU's fitted description (bench/cost_fit.py)
+
+Methods: plain decoding; every fixed K of each drafter (the best one reported per drafter and
+over all); DSpark's confidence scheduler on its head; the combination (DFlash 2 + its
+confidence proxy, updated online, + DSpark's scheduler). The schedulers are flashspark's own
+(`ConfidenceScheduler`, with the shipped priors and a `Decoder`'s batch verdict), on SPS
+tables from the same cost model. Each cell is the median over `--shuffles` orders of the
+trace's requests (they change which requests share a batch), as tokens/s relative to plain
+decoding's.
+
+Results are labelled: **replay** under a fitted CPU description, **projection** under the
+H200's (scheduling/costs.py). Steps are treated as exchangeable (replay.py says what that
+means). Writes bench/results/combo_replay_<target>_<cost model>[_quick].json, .md and a PNG
+per temperature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import timing
+from flashspark.methods import MIN_PRIOR_ROWS, PRIOR_FILE, PROXY_FILES, SHIPPED_PRIOR_ROWS
+from flashspark.models import catalog
+from flashspark.models.config import DecoderConfig
+from flashspark.scheduling import costs
+from flashspark.scheduling.confidence import ConfidenceScheduler, ConfidenceStats, conditional
+from flashspark.scheduling.proxy import ConfidenceProxy
+from flashspark.scheduling.replay import FixedPolicy, SchedulerPolicy, StepCosts, Trace, replay
+from flashspark.scheduling.verdict import BatchVerdict
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TRACES = RESULTS / "traces"
+COMBO = "DFlash 2 + proxy + scheduler"
+DSPARK_SCHED = "DSpark + scheduler"
+NAMES = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark"}
+
+
+def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, float, str]:
+    """(hardware, rest of a speculative step in seconds, label): the H200's description, or this
+    CPU's fit for the target (bench/cost_fit.py's JSON, `path` or the committed one)."""
+    if name == "h200":
+        return costs.H200, 0.0, "projection"
+    path = Path(path) if path else RESULTS / f"cost_model_{target}_cpu.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no fitted CPU description {path}: run python bench/cost_fit.py --model {target}")
+    fit = json.loads(path.read_text())
+    return costs.Hardware.from_dict(fit["hardware"]), fit["step_overhead_s"], "replay"
+
+
+def drafter_dir(target: str, drafter: str) -> Path:
+    """The shipped drafter whose proxy and prior the schedulers read (the traces' own)."""
+    return catalog.drafter_dir(drafter, catalog.TARGETS[target])
+
+
+class Shipped:
+    """What a `Decoder` of a confidence method carries across batches at one temperature: its
+    prior (the shipped one, then every batch's), its online proxy, and its per-batch verdict."""
+
+    def __init__(self, directory: Path, temperature: float, width: int, proxy: bool):
+        self.stats = None
+        prior = directory / PRIOR_FILE
+        if prior.is_file():
+            per_t = json.loads(prior.read_text())["temperatures"]
+            key = min(per_t, key=lambda t: abs(float(t) - temperature))
+            stats = ConfidenceStats.from_dict(per_t[key]["stats"])
+            self.stats = stats.scaled(SHIPPED_PRIOR_ROWS) if stats.width == width else None
+        self.proxy = None
+        if proxy:
+            key = min(PROXY_FILES, key=lambda t: abs(t - temperature))
+            self.proxy = ConfidenceProxy.load(directory / PROXY_FILES[key])
+
+
+def scheduler_policy(name, trace: Trace, step: StepCosts, directory: Path, source: str) -> SchedulerPolicy:
+    """DSpark's scheduler on a trace source ("dspark_head"), or on the DFlash 2 proxy run online
+    on the trace's signals ("proxy"), as `methods.Decoder` runs either."""
+    K = trace.width
+    shipped = Shipped(directory, trace.meta["temperature"], K, proxy=source == "proxy")
+    tables: dict[int, tuple] = {}
+
+    def sps(batch_size: int):
+        if batch_size not in tables:
+            widths = [batch_size * w for w in range(1, K + 2)]
+            overhead = step.speculative(batch_size, 1) - step.plain(batch_size)  # drafting and the step's rest
+            spec = costs.model_sps(step.target, step.hardware, batch_size, widths, step.context, overhead)
+            plain = costs.model_sps(step.target, step.hardware, batch_size, [batch_size], step.context)
+            tables[batch_size] = (spec, plain)
+        return tables[batch_size]
+
+    def make(batch_size: int):
+        spec, plain = sps(batch_size)
+        scheduler = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=shipped.stats)
+        policy.current = scheduler
+        return scheduler
+
+    def predict(batch_size: int) -> bool:
+        # The Decoder's prediction from its prior (the shipped one, then every batch's).
+        if policy.current is not None and policy.current.stats is not None:
+            shipped.stats = policy.current.stats
+        s = shipped.stats
+        if s is None or s.rows < MIN_PRIOR_ROWS:
+            return True
+        spec, plain = sps(batch_size)
+        judge = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=s)
+        return judge.expects_gain(conditional(s.mean_survival()), batch_size)
+
+    if source == "proxy":
+
+        def confidence(rows, tr):
+            return shipped.proxy(_tensor(tr.signals[rows])).numpy()
+
+        def hear(rows, accepted, verified, tr):
+            shipped.proxy.observe(_tensor(tr.signals[rows]), _tensor(accepted), _tensor(verified))
+    else:
+
+        def confidence(rows, tr):
+            return tr.sources[source][rows]
+
+        hear = None
+    policy = SchedulerPolicy(name, make, confidence, predict, hear, BatchVerdict())
+    policy.current = None
+    return policy
+
+
+def _tensor(x):
+    import torch
+
+    return torch.as_tensor(np.asarray(x))
+
+
+def step_costs(trace: Trace, hardware: costs.Hardware, step_overhead_s: float = 0.0) -> StepCosts:
+    target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]))
+    drafter = costs.ForwardShape.of_decoder(
+        DecoderConfig.from_dict(trace.meta["drafter_config"]),
+        head_rows=trace.meta["drafts_per_block"] / trace.meta["block_size"],
+    )
+    context = int(np.median(trace.ctx_len))
+    return StepCosts(target, drafter, hardware, trace.meta["block_size"], context, step_overhead_s)
+
+
+def run(args) -> dict:
+    hardware, rest, label = cost_model(args.cost_model, args.target, args.cost_file)
+    rng = np.random.default_rng(args.seed)
+    result = {
+        **timing.result_header("combo_replay", "combo_replay.py", args.argv, "cpu"),
+        "label": label.upper(),
+        "target": args.target,
+        "hardware": hardware.to_dict(),
+        "approximation": "steps are exchangeable: a request's i-th replayed step reads its i-th recorded step "
+        "(flashspark/scheduling/replay.py)",
+        "shuffles": args.shuffles,
+        "concurrency": args.concurrency,
+        "temperatures": {},
+    }
+    for t in args.temperatures:
+        traces = {}
+        for d in ("dflash", "dflash2", "dspark"):
+            path = Path(args.traces) / f"{args.target}_{d}_t{t:g}.npz"
+            if path.is_file():
+                traces[d] = Trace.load(path)
+        if not traces:
+            raise FileNotFoundError(f"no traces for {args.target} at T = {t:g} in {args.traces}")
+        any_trace = next(iter(traces.values()))
+        methods = {"plain": (any_trace, lambda: FixedPolicy(0))}
+        for d, tr in traces.items():
+            for k in range(1, tr.width + 1):
+                methods[f"{NAMES[d]} K={k}"] = (tr, lambda k=k: FixedPolicy(k))
+        if "dspark" in traces and "dspark_head" in traces["dspark"].sources:
+            tr = traces["dspark"]
+            methods[DSPARK_SCHED] = (tr, lambda tr=tr: scheduler_policy(
+                DSPARK_SCHED, tr, step_costs(tr, hardware, rest), drafter_dir(args.target, "dspark"), "dspark_head"))  # fmt: skip
+        if "dflash2" in traces and traces["dflash2"].signals is not None:
+            tr = traces["dflash2"]
+            methods[COMBO] = (tr, lambda tr=tr: scheduler_policy(
+                COMBO, tr, step_costs(tr, hardware, rest), drafter_dir(args.target, "dflash2"), "proxy"))  # fmt: skip
+        orders = [rng.permutation(any_trace.requests) for _ in range(args.shuffles)]
+        cells = {}
+        for c in args.concurrency:
+            rates = {}
+            for name, (tr, make) in methods.items():
+                sc = step_costs(tr, hardware, rest)
+                rates[name] = [replay(tr, make(), c, sc, order).tokens_per_s for order in orders]
+            plain = rates["plain"]
+            ratios = {name: [r / p for r, p in zip(rs, plain)] for name, rs in rates.items()}
+            cells[c] = {name: statistics.median(r) for name, r in ratios.items()} | {
+                "_plain_tokens_per_s": statistics.median(plain)
+            }
+        result["temperatures"][f"{t:g}"] = {"methods": list(methods), "cells": cells}
+    return result
+
+
+def best_fixed(cell: dict) -> tuple[str, float]:
+    fixed = {k: v for k, v in cell.items() if " K=" in k}
+    name = max(fixed, key=fixed.get)
+    return name, fixed[name]
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# {result['label']}: the combination question, {result['target']}, {result['hardware']['name']}", ""]
+    lines.append(f"Median over {result['shuffles']} request orders; tokens/s relative to plain decoding. "
+                 f"{result['approximation']}.")  # fmt: skip
+    for t, block in result["temperatures"].items():
+        cols = ["plain", "best fixed K", DSPARK_SCHED, COMBO]
+        lines += ["", f"## T = {t}", "", "| concurrency | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+        for c, cell in block["cells"].items():
+            name, value = best_fixed(cell)
+            row = [f"{cell['plain']:.2f}", f"{value:.2f} ({name})"]
+            row += [f"{cell[m]:.2f}" if m in cell else "-" for m in (DSPARK_SCHED, COMBO)]
+            lines.append(f"| {c} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temps = list(result["temperatures"])
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4.2), squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        cells = result["temperatures"][t]["cells"]
+        cs = [int(c) for c in cells]
+        best = [best_fixed(cells[c])[1] for c in cells]
+        ax.plot(cs, best, marker="o", label="best fixed K")
+        for m in (DSPARK_SCHED, COMBO):
+            if all(m in cells[c] for c in cells):
+                ax.plot(cs, [cells[c][m] for c in cells], marker="s", label=m)
+        ax.axhline(1.0, color="black", linewidth=0.8, label="plain")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("tokens/s over plain decoding")
+        ax.set_title(f"T = {t}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['label']}: {result['target']} on {result['hardware']['name']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="tiny", help="whose traces (file prefix in --traces; default %(default)s)")
+    p.add_argument("--traces", default=str(TRACES))
+    p.add_argument("--cost-model", choices=("h200", "cpu"), default="h200")
+    p.add_argument(
+        "--cost-file", default=None, help="a cost_fit.py JSON for --cost-model cpu (default: the committed one)"
+    )
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--shuffles", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="3 shuffles, concurrency 1 4 16 64")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    args.argv = argv
+    if args.quick:
+        args.shuffles, args.concurrency = 3, [1, 4, 16, 64]
+    try:
+        result = run(args)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    suffix = "_quick" if args.quick else ""
+    out = Path(args.out) if args.out else RESULTS / f"combo_replay_{args.target}_{args.cost_model}{suffix}.json"
+    md = markdown(result)
+    print(md)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(md)
+    timing.save_result(result, out, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Fit this machine's description for the cost model (flashspark.scheduling.costs): time the
+target's verify forwards over a grid of batch sizes, tokens per request and context lengths,
+fit bandwidth, peak FLOP/s and a per-forward overhead to them (`fit_hardware`), then check
+the fit on what it was not fitted to: the drafter's drafting pass and whole loop steps.
+
+    python bench/cost_fit.py                               # tiny target
+    python bench/cost_fit.py --model smollm2 --dtype float32
+
+Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every measurement
+with its relative error, the fit's RMS and worst error, the drafter's measured and predicted
+seconds per batch size, and the rest of a loop step (verify, commit, scheduling) measured
+as a step's time minus its two forwards: `step_overhead_s`, which the replay adds to each
+speculative step (bench/combo_replay.py --cost-model cpu). Run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import e2e_bench
+import targets
+import timing
+import torch
+from flashspark.cli.common import check_args
+from flashspark.decoding.loop import prefill
+from flashspark.methods import load_method_drafter, measured_step_seconds
+from flashspark.scheduling import costs
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def drafter_shape(drafter) -> costs.ForwardShape:
+    return costs.ForwardShape.of_decoder(
+        drafter.config.layer_config(), head_rows=drafter.num_drafts / drafter.block_size
+    )
+
+
+@torch.no_grad()
+def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> float:
+    prompts = torch.randint(2, target.config.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
+    temp, seeds = torch.zeros(batch), torch.arange(batch)
+    _, dcache, lens, anchor = prefill(target, drafter, prompts.tolist(), 8, temp, seeds)
+    offsets = torch.ones(batch, dtype=torch.int64)
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        drafter.propose(dcache, anchor, lens, temp, seeds, offsets, signals=False)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    targets.add_target_args(p)
+    p.add_argument("--drafter", default="dflash", help="the drafter whose passes check the fit (default %(default)s)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8], help="tokens per request")
+    p.add_argument("--contexts", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    try:
+        check_args(args)
+        bench_target = e2e_bench.load_target(args)
+        target = bench_target.model
+        drafter = load_method_drafter(args.drafter, target)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = "tiny" if bench_target.tiny else bench_target.ref.known.name
+    dtype = target.lm_head.weight.dtype
+    elem = torch.finfo(dtype).bits // 8
+    shape = costs.ForwardShape.of_decoder(target.config, weight_bytes_per_param=elem, kv_bytes_per_value=elem)
+    layers = drafter.config.target_layer_ids
+    measured = []
+    print(f"{'batch':>5} {'tokens':>6} {'context':>7} {'ms':>8}")
+    for ctx in args.contexts:
+        for b in args.batches:
+            for w in args.widths:
+                cache = target.new_cache(b, ctx + w)
+                lens = torch.full((b,), ctx, dtype=torch.int64)
+                tokens = torch.randint(2, target.config.vocab_size, (b, w), generator=torch.Generator().manual_seed(0))
+                sec = costs.forward_seconds(target, tokens, cache, lens, torch.full((b,), w), layers, 1, args.repeats)
+                measured.append((b, w, ctx, sec))
+                print(f"{b:>5} {w:>6} {ctx:>7} {1e3 * sec:>8.2f}", flush=True)
+    fit = costs.fit_hardware(shape, measured, f"this CPU, {name} {str(dtype).removeprefix('torch.')}, fitted")
+    hw = fit.hardware
+    print(f"fit: {hw}; relative error RMS {fit.rms_error:.3f}, worst {fit.max_error:.3f}")
+    # Checks the fit was not made on: the drafter's pass, and a whole loop step's remainder.
+    ctx = args.contexts[-1]
+    checks = []
+    for b in args.batches:
+        draft = draft_seconds(target, drafter, b, ctx, args.repeats)
+        predicted = float(costs.forward_time(drafter_shape(drafter), hw, b, drafter.block_size, ctx))
+        step = measured_step_seconds(target, drafter, b, context_len=ctx)
+        verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
+        checks.append(
+            {
+                "batch": b,
+                "draft_s": draft,
+                "draft_predicted_s": predicted,
+                "step_s": step,
+                "step_rest_s": max(0.0, step - draft - verify),
+            }
+        )
+        print(f"batch {b}: draft {1e3 * draft:.2f} ms (model {1e3 * predicted:.2f}), step {1e3 * step:.2f} ms")
+    result = {
+        **timing.result_header("cost_fit", "cost_fit.py", argv, "cpu", dtype),
+        "target": bench_target.label,
+        "hardware": hw.to_dict(),
+        "fit": {"rms_error": fit.rms_error, "max_error": fit.max_error},
+        "measurements": [
+            {"batch": b, "tokens": w, "context": c, "seconds": s, "relative_error": e}
+            for (b, w, c, s), e in zip(measured, fit.relative_errors)
+        ],
+        "drafter": args.drafter,
+        "checks": checks,
+        # The rest of a speculative step beyond its two forwards, added by the replay.
+        "step_overhead_s": statistics.median(c["step_rest_s"] for c in checks),
+    }
+    out = Path(args.out) if args.out else RESULTS / f"cost_model_{name}_cpu.json"
+    timing.save_result(result, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""Acceptance traces and their replay: what a scheduling policy would have done over recorded
+acceptance, priced by a cost model.
+
+What a method accepts does not depend on the machine; what a step costs does. A trace keeps
+the first and the replay supplies the second.
+
+**A trace** (one target, one drafter, one temperature) holds, per request-step of a real run
+with every draft verified (fixed K = the drafter's drafts per block), in decode order: the
+request, its context length, the drafted block, the accepted prefix, and each confidence
+source's per-position values (DSpark's head, the DFlash 2 proxy's offline fit and its inputs,
+the margin-logistic baseline run online); per request, the tokens the run emitted.
+
+**A replay** decodes the trace's requests in batches of c, as `e2e_bench` does (a batch runs
+until its last request is done; finished requests stay in the batch's forwards, as in the
+loop). Each step, a policy picks K per active request from that request's confidences; the
+outcome is min(K, the recorded accepted prefix), plus the correction or bonus token; the
+step's time comes from the cost model (`costs.forward_time`): the drafter's forward and the
+target's verify forward as wide as the largest K, or a plain decode step.
+
+**The approximation:** steps are exchangeable. A request's i-th replayed step reads its i-th
+recorded step whatever the policy did before (a request that needs more steps than were
+recorded cycles through its steps again), so a policy that verifies fewer drafts than the
+recorded run does not change what the drafter proposes next. For fixed K = the recorded K
+the replay is the recorded run itself, step for step (`tests/scheduling/test_replay.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .base import ScheduleState
+from .costs import ForwardShape, Hardware, forward_time
+
+TRACE_FORMAT = 1
+# Per-row arrays of a trace (np.savez_compressed; floats stored as float16).
+ROW_KEYS = ("request", "step", "ctx_len", "accepted", "tokens")
+REQUEST_KEYS = ("new_tokens", "prompt_len", "prompt_tokens")
+
+
+@dataclass
+class Trace:
+    """One recorded run (module docstring). Rows are request-steps in decode order."""
+
+    meta: dict  # target, drafter, temperature, drafts per block, the command that recorded it
+    request: np.ndarray  # [N] int: the request of each row (0 .. R - 1)
+    step: np.ndarray  # [N] int: the loop iteration (non-decreasing)
+    ctx_len: np.ndarray  # [N] int: committed tokens before the step
+    accepted: np.ndarray  # [N] int: accepted drafts of the fully verified block
+    tokens: np.ndarray  # [N, K] int: the drafted block
+    new_tokens: np.ndarray  # [R] int: tokens each request emitted (the prefill's first one included)
+    prompt_len: np.ndarray  # [R] int
+    prompt_tokens: np.ndarray  # [sum of prompt_len] int: the prompts, one after another
+    sources: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [N, K] per-token confidences
+    signals: np.ndarray | None = None  # [N, K, 4] DFlash 2's path signals (the proxy's inputs)
+
+    @property
+    def width(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def requests(self) -> int:
+        return self.new_tokens.shape[0]
+
+    def prompts(self) -> list[list[int]]:
+        """The recorded prompts, as token lists."""
+        ends = np.cumsum(self.prompt_len)
+        return [self.prompt_tokens[e - n : e].tolist() for e, n in zip(ends, self.prompt_len)]
+
+    def rows_of(self) -> list[np.ndarray]:
+        """Per request, its rows in step order."""
+        order = np.lexsort((self.step, self.request))
+        bounds = np.searchsorted(self.request[order], np.arange(self.requests + 1))
+        return [order[bounds[r] : bounds[r + 1]] for r in range(self.requests)]
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        arrays = {k: getattr(self, k) for k in (*ROW_KEYS, *REQUEST_KEYS)}
+        arrays = {k: v.astype(np.int32) for k, v in arrays.items()}
+        arrays |= {f"source/{k}": v.astype(np.float16) for k, v in self.sources.items()}
+        if self.signals is not None:
+            arrays["signals"] = self.signals.astype(np.float16)
+        np.savez_compressed(
+            path, meta=np.frombuffer(json.dumps(self.meta | {"format": TRACE_FORMAT}).encode(), np.uint8), **arrays
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        with np.load(Path(path)) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("format") != TRACE_FORMAT:
+                raise ValueError(f"{path}: trace format {meta.get('format')}, expected {TRACE_FORMAT}")
+            ints = {k: z[k].astype(np.int64) for k in (*ROW_KEYS, *REQUEST_KEYS)}
+            sources = {k.removeprefix("source/"): z[k].astype(np.float64) for k in z.files if k.startswith("source/")}
+            signals = z["signals"].astype(np.float32) if "signals" in z.files else None
+        return cls(meta, **ints, sources=sources, signals=signals)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of a loop step's parts for a batch of B requests at `context` committed tokens:
+    the drafter's forward, the target's forward over T tokens per request, and `step_overhead_s`
+    for the rest of a speculative step (verify, commit, scheduling)."""
+
+    target: ForwardShape
+    drafter: ForwardShape
+    hardware: Hardware
+    block_size: int
+    context: int
+    step_overhead_s: float = 0.0
+
+    def plain(self, batch: int) -> float:
+        return float(forward_time(self.target, self.hardware, batch, 1, self.context))
+
+    def speculative(self, batch: int, width: int) -> float:
+        """A step verifying `width` tokens per request (the anchor and width - 1 drafts)."""
+        draft = float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
+        return (
+            draft + float(forward_time(self.target, self.hardware, batch, width, self.context)) + self.step_overhead_s
+        )
+
+    def prefill(self, batch: int, prompt_len: int) -> float:
+        return float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
+
+
+class FixedPolicy:
+    """Every active request verifies k drafts (k = 0: plain decoding, no drafter)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.name = "plain" if k == 0 else f"fixed K={k}"
+
+    def start(self, batch_size: int) -> bool:
+        """A new batch: False decodes it plainly from the start."""
+        return self.k > 0
+
+    def wants_draft(self, active: np.ndarray) -> bool:
+        return True
+
+    def plan(self, rows: np.ndarray, active: np.ndarray, trace: Trace) -> np.ndarray:
+        return np.where(active, self.k, 0)
+
+    def observe(self, rows: np.ndarray, accepted: np.ndarray, verified: np.ndarray, trace: Trace) -> None:
+        pass
+
+
+class SchedulerPolicy:
+    """A `Scheduler` (scheduling/base.py: DSpark's confidence scheduler, on DSpark's head or the
+    DFlash 2 proxy) replayed: each step it reads the active rows' confidences and plans as in
+    the loop, then hears the outcomes. `make(batch_size)` builds a fresh scheduler per batch
+    (a `Decoder` keeps what it learnt across batches: pass a factory that does the same);
+    `confidence(rows, trace)` gives the rows' per-token confidences [n, K] (a trace source, or
+    a proxy run online on the rows' signals); `predict(batch_size)` is the prior's prediction
+    that speculation pays at that size, and `verdict` the `BatchVerdict` that decides, as a
+    `Decoder` does, whether a batch speculates or decodes plainly (without one: the prediction)."""
+
+    def __init__(self, name: str, make, confidence, predict=None, observe=None, verdict=None):
+        self.name, self.make, self.confidence = name, make, confidence
+        self.predict = predict or (lambda batch_size: True)
+        self.hear = observe  # optional: the confidence source hears the outcomes too
+        self.verdict = verdict
+        self.scheduler = None
+
+    def start(self, batch_size: int) -> bool:
+        predicted = self.predict(batch_size)
+        speculate = self.verdict.choose(batch_size, predicted) if self.verdict is not None else predicted
+        if speculate:
+            self.scheduler = self.make(batch_size)
+        return speculate
+
+    def end_batch(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if self.verdict is not None:
+            self.verdict.record(batch_size, speculated, tokens / seconds)
+
+    def wants_draft(self, active: np.ndarray) -> bool:
+        return self.scheduler.wants_draft(torch.from_numpy(active))
+
+    def plan(self, rows: np.ndarray, active: np.ndarray, trace: Trace) -> np.ndarray:
+        B, K = len(rows), trace.width
+        conf = torch.zeros(B, K, dtype=torch.float64)
+        live = np.flatnonzero(active)
+        if live.size:
+            conf[torch.from_numpy(live)] = torch.as_tensor(self.confidence(rows[live], trace), dtype=torch.float64)
+        state = ScheduleState(torch.from_numpy(active), torch.from_numpy(trace.ctx_len[rows]), None, confidence=conf)
+        return self.scheduler.plan(state).numpy()
+
+    def observe(self, rows: np.ndarray, accepted: np.ndarray, verified: np.ndarray, trace: Trace) -> None:
+        self.scheduler.observe(None, torch.from_numpy(accepted), torch.from_numpy(verified))
+        if self.hear is not None:
+            self.hear(rows, accepted, verified, trace)
+
+
+@dataclass
+class Replayed:
+    tokens: int
+    seconds: float
+    steps: int  # request-steps
+    accepted: int
+    iterations: int  # batch forwards
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def tau(self) -> float:
+        return (self.accepted + self.steps) / max(1, self.steps)
+
+
+def outcome(k: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """Drafts accepted when K = k of a recorded block are verified: the recorded accepted prefix,
+    cut at k (the correction or bonus token comes on top)."""
+    return np.minimum(k, accepted)
+
+
+def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.ndarray | None = None) -> Replayed:
+    """Decode the trace's requests (in `order`, default as recorded) in batches of
+    `concurrency` under `policy`, priced by `costs` (module docstring)."""
+    per_request = trace.rows_of()
+    order = np.arange(trace.requests) if order is None else np.asarray(order)
+    total = Replayed(0, 0.0, 0, 0, 0)
+    for start in range(0, len(order), concurrency):
+        batch = order[start : start + concurrency]
+        B = len(batch)
+        seconds_before = total.seconds
+        total.seconds += costs.prefill(B, int(trace.prompt_len[batch].max()))
+        left = trace.new_tokens[batch] - 1  # the prefill drew each request's first token
+        total.tokens += int(trace.new_tokens[batch].sum())
+        cursor = np.zeros(B, dtype=np.int64)
+        speculate = policy.start(B)
+        while (active := left > 0).any():
+            rows = np.array([per_request[r][c % len(per_request[r])] for r, c in zip(batch, cursor)])
+            if speculate and policy.wants_draft(active):
+                k = np.minimum(policy.plan(rows, active, trace), trace.width) * active
+                gained = outcome(k, trace.accepted[rows])
+                policy.observe(rows, gained, k, trace)
+                total.seconds += costs.speculative(B, int(k.max()) + 1)
+            else:
+                k = gained = np.zeros(B, dtype=np.int64)
+                total.seconds += costs.plain(B)
+            total.steps += int(active.sum())
+            total.accepted += int((gained * active).sum())
+            total.iterations += 1
+            left -= (gained + 1) * active
+            cursor += active
+        end_batch = getattr(policy, "end_batch", None)
+        if end_batch is not None:
+            end_batch(B, speculate, int(trace.new_tokens[batch].sum()), total.seconds - seconds_before)
+    return total

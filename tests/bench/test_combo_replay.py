@@ -1,0 +1,43 @@
+"""bench/combo_replay.py from the committed traces (H200 projection, labelled so), and
+bench/cost_fit.py fitting this machine's description on a small grid, which the replay
+then reads (`--cost-model cpu`)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import combo_replay  # noqa: E402  (bench/ is not a package)
+import cost_fit  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_replay_from_committed_traces(tmp_path):
+    out = tmp_path / "replay.json"
+    argv = ["--temperatures", "0", "--concurrency", "1", "4", "--shuffles", "2", "--out", str(out)]
+    assert combo_replay.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["label"] == "PROJECTION" and out.with_suffix(".md").read_text().startswith("# PROJECTION")
+    cells = result["temperatures"]["0"]["cells"]
+    for cell in cells.values():
+        assert cell["plain"] == 1.0 and combo_replay.COMBO in cell and combo_replay.DSPARK_SCHED in cell
+        assert combo_replay.best_fixed(cell)[1] > 0
+    assert out.with_suffix(".png").is_file()
+
+
+def test_cost_fit_then_replay_on_it(tmp_path):
+    fit = tmp_path / "fit.json"
+    argv = ["--batches", "1", "2", "--widths", "1", "4", "--contexts", "16", "--repeats", "1", "--threads", "1"]
+    assert cost_fit.main(argv + ["--out", str(fit)]) == 0
+    result = json.loads(fit.read_text())
+    assert len(result["measurements"]) == 4 and result["hardware"]["bandwidth_gbs"] > 0
+    assert result["step_overhead_s"] >= 0 and len(result["checks"]) == 2
+    out = tmp_path / "replay.json"
+    argv = ["--cost-model", "cpu", "--cost-file", str(fit), "--temperatures", "1", "--concurrency", "2"]
+    assert combo_replay.main(argv + ["--shuffles", "1", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["label"] == "REPLAY"

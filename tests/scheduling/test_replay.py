@@ -1,0 +1,119 @@
+"""Acceptance traces and their replay (scheduling/replay.py).
+
+A trace recorded from a real run of the loop, replayed with the recorded policy (fixed K =
+every draft), is that run: the same request-steps, accepted drafts, τ and batch forwards,
+under any cost model. A planted miscount in the replay's outcome rule (the bonus token
+counted as an accepted draft) is caught by the same comparison. Smaller K and plain decoding
+replay as they must (fewer accepted drafts per step, one token per step); a trace saves and
+loads unchanged; the confidence scheduler replays on a trace's sources.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flashspark.methods import make_decoder
+from flashspark.scheduling import replay as replay_mod
+from flashspark.scheduling.confidence import ConfidenceScheduler
+from flashspark.scheduling.costs import H200, ForwardShape, model_sps
+from flashspark.scheduling.replay import FixedPolicy, SchedulerPolicy, StepCosts, Trace, replay
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import record_traces  # noqa: E402  (bench/ is not a package)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """Tiny-target traces of DFlash 2 and DSpark at T = 0 and 1, and the real runs' stats."""
+    out = tmp_path_factory.mktemp("traces")
+    argv = ["--drafters", "dflash2", "dspark", "--prompts", "3", "--max-new-tokens", "24", "--threads", "1"]
+    assert record_traces.main(argv + ["--out-dir", str(out), "--batch-size", "4"]) == 0
+    return out
+
+
+def costs_for(trace: Trace) -> StepCosts:
+    from flashspark import data
+    from flashspark.models import load_model
+
+    cfg = load_model(data.ASSETS_DIR / "target").config
+    return StepCosts(
+        ForwardShape.of_decoder(cfg), ForwardShape.of_decoder(cfg, layers=1), H200, trace.meta["block_size"], 128
+    )
+
+
+def real_run(trace: Trace, batch_size: int):
+    """The loop's own totals for the trace's prompts, decoded again the same way."""
+    from flashspark import data
+    from flashspark.models import load_model
+
+    target = load_model(data.ASSETS_DIR / "target", dtype=torch.float32)
+    decode = make_decoder(trace.meta["drafter"], target)
+    prompts = trace.prompts()
+    steps = accepted = iterations = 0
+    for i in range(0, len(prompts), batch_size):
+        _, st = decode(prompts[i : i + batch_size], trace.meta["max_new_tokens"], trace.meta["temperature"], i)
+        steps, accepted, iterations = (
+            steps + st["steps"],
+            accepted + st["drafts_verified"] - st["drafts_wasted"],
+            iterations + st["iterations"],
+        )
+    return steps, accepted, iterations
+
+
+@pytest.mark.parametrize("name", ["tiny_dflash2_t0.npz", "tiny_dspark_t1.npz"])
+def test_replaying_the_recorded_policy_is_the_recorded_run(recorded, name, monkeypatch):
+    trace = Trace.load(recorded / name)
+    assert set(trace.sources) >= {"margin"} and trace.tokens.shape[1] == trace.width
+    K = trace.meta["drafts_per_block"]
+    got = replay(trace, FixedPolicy(K), 4, costs_for(trace))
+    steps, accepted, iterations = real_run(trace, 4)
+    assert (got.steps, got.accepted, got.iterations) == (steps, accepted, iterations)
+    assert got.tokens == int(trace.new_tokens.sum()) and got.seconds > 0
+    # A planted miscount: the bonus token counted as an accepted draft. The same check catches it.
+    monkeypatch.setattr(replay_mod, "outcome", lambda k, acc: np.minimum(k, acc + 1))
+    bad = replay(trace, FixedPolicy(K), 4, costs_for(trace))
+    assert (bad.steps, bad.accepted, bad.iterations) != (steps, accepted, iterations)
+
+
+def test_smaller_k_plain_and_orders(recorded):
+    trace = Trace.load(recorded / "tiny_dflash2_t0.npz")
+    costs = costs_for(trace)
+    full = replay(trace, FixedPolicy(trace.width), 1, costs)
+    short = replay(trace, FixedPolicy(2), 1, costs)
+    plain = replay(trace, FixedPolicy(0), 1, costs)
+    assert plain.tau == 1.0 and plain.steps == plain.tokens - trace.requests and plain.accepted == 0
+    assert 1.0 < short.tau <= full.tau and short.steps >= full.steps
+    # Memory-bound H200 at batch 1: speculation pays.
+    assert full.tokens_per_s > plain.tokens_per_s
+    shuffled = replay(
+        trace, FixedPolicy(trace.width), 2, costs, order=np.random.default_rng(0).permutation(trace.requests)
+    )
+    assert shuffled.tokens == full.tokens and shuffled.accepted == full.accepted  # fixed K: order moves batches only
+
+
+def test_save_load_round_trip(recorded, tmp_path):
+    trace = Trace.load(recorded / "tiny_dflash2_t1.npz")
+    trace.save(tmp_path / "again.npz")
+    again = Trace.load(tmp_path / "again.npz")
+    assert again.meta == trace.meta and np.array_equal(again.accepted, trace.accepted)
+    assert np.allclose(again.sources["proxy"], trace.sources["proxy"]) and again.signals.shape[-1] == 4
+
+
+def test_confidence_scheduler_replays_on_a_source(recorded):
+    trace = Trace.load(recorded / "tiny_dspark_t0.npz")
+    costs = costs_for(trace)
+    K = trace.width
+
+    def make(batch_size):
+        sps = model_sps(costs.target, H200, batch_size, [batch_size * w for w in range(1, K + 2)], 128)
+        return ConfidenceScheduler(K, sps)
+
+    policy = SchedulerPolicy("dspark head", make, lambda rows, tr: tr.sources["dspark_head"][rows])
+    got = replay(trace, policy, 2, costs)
+    assert got.tokens == int(trace.new_tokens.sum()) and 1.0 <= got.tau <= replay(trace, FixedPolicy(K), 2, costs).tau
