@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_replay_from_committed_traces(tmp_path):
     out = tmp_path / "replay.json"
-    argv = ["--temperatures", "0", "--concurrency", "1", "4", "--shuffles", "2", "--out", str(out)]
+    argv = ["--temperatures", "0", "--concurrency", "2", "--shuffles", "1", "--out", str(out)]
     assert combo_replay.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["label"] == "PROJECTION" and out.with_suffix(".md").read_text().startswith("# PROJECTION")

@@ -95,7 +95,7 @@ def test_greedy_equals_plain_shipped_drafters_eos_and_cut_trees():
     for name in ("dflash", "dflash2"):
         drafter = load_method_drafter(name, target)
         drafter.head_dtype = None
-        for tree, sched in ((8, None), (32, None), (16, FixedK(5)), (16, RaggedK(15))):
+        for tree, sched in ((32, None), (16, RaggedK(15))):
             got, st = speculative_generate(target, drafter, prompts, 40, eos_id=eos, tree=tree, scheduler=sched)
             assert got == want, (name, tree, sched)
             assert st["tau"] > 1.5
