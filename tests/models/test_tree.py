@@ -15,7 +15,8 @@ import itertools
 import pytest
 import torch
 from flashspark.models.decoder import TreeInputs, compact_path
-from flashspark.models.tree import ancestor_mask, best_first_tree, chain_tree, node_survival
+from flashspark.models.drafter import DraftTree
+from flashspark.models.tree import ancestor_mask, best_first_tree, node_survival
 from spec_helpers import tiny_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -218,10 +219,10 @@ def test_ties_keep_parents_first():
 
 def test_node_survival():
     c = torch.tensor([[0.9, 0.5, 0.8]])
-    chain = chain_tree(torch.zeros(1, 3, dtype=torch.long))
+    ar = torch.arange(3)[None]
+    chain = DraftTree(ar, ar + 1, torch.zeros_like(ar), torch.ones(1, 3), torch.ones(1, 3), torch.zeros(1, 3))
     assert torch.allclose(node_survival(c, chain), torch.tensor([[0.9, 0.45, 0.36]], dtype=torch.float64))
     # Root's two children (best, and a runner-up with half the rest), then the best's child.
-    from flashspark.models.drafter import DraftTree
 
     tree = DraftTree(
         torch.tensor([[0, 0, 1]]),
@@ -237,8 +238,6 @@ def test_node_survival():
 
 
 def test_node_survival_of_random_trees_is_the_path_product():
-    from flashspark.models.drafter import DraftTree
-
     gen = torch.Generator().manual_seed(9)
     for M in (1, 2, 5, 31, 63):
         parents = [p for p in random_tree(M + 1, gen)[1:]]

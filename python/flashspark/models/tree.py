@@ -97,14 +97,6 @@ def best_first_tree(
     return pick(toks), tree, extra
 
 
-def chain_tree(tokens: torch.Tensor) -> DraftTree:
-    """A chain [B, M] as a tree: node j's parent is node j - 1 (row rank 0, probability 1)."""
-    B, M = tokens.shape
-    ar = torch.arange(M, device=tokens.device).expand(B, M)
-    ones = torch.ones(B, M, device=tokens.device)
-    return DraftTree(ar.clone(), ar + 1, torch.zeros_like(ar), ones, ones.clone(), torch.zeros_like(ones))
-
-
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """[B, S, S] bool: node i sees node j iff j is i or an ancestor of i. parents [B, S] local
     node ids, -1 for the root (and for padding), each parent listed before its child; trees no

@@ -233,7 +233,10 @@ def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.n
         cursor = np.zeros(B, dtype=np.int64)
         speculate = policy.start(B)
         while (active := left > 0).any():
-            rows = np.array([per_request[r][c % len(per_request[r])] for r, c in zip(batch, cursor)])
+            # (A request its first token ended has no rows: it is never active, row 0 stands in.)
+            rows = np.array(
+                [per_request[r][c % len(per_request[r])] if len(per_request[r]) else 0 for r, c in zip(batch, cursor)]
+            )
             if speculate and policy.wants_draft(active):
                 k = np.minimum(policy.plan(rows, active, trace), trace.width) * active
                 gained = outcome(k, trace.accepted[rows])
