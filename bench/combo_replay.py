@@ -162,6 +162,8 @@ def run(args) -> dict:
         "concurrency": args.concurrency,
         "temperatures": {},
     }
+    if label == "projection":
+        result["published_check"] = published_check(hardware)
     for t in args.temperatures:
         traces = {}
         for d in ("dflash", "dflash2", "dspark"):
@@ -199,6 +201,39 @@ def run(args) -> dict:
     return result
 
 
+# Qwen3-8B (its config.json) and a DFlash drafter of the published drafters' shape for it: 5
+# decoder layers at the target's width, block size 16 (z-lab's b16 drafters).
+QWEN3_8B = DecoderConfig(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
+PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
+
+
+def published_check(hardware: costs.Hardware, context: int = 1024) -> dict:
+    """The cost model against DFlash's published point: the speedup it projects for Qwen3-8B and
+    its drafter at the published τ, batch 1, beside the published speedup."""
+    target = costs.ForwardShape.of_decoder(QWEN3_8B)
+    drafter = costs.ForwardShape.of_decoder(QWEN3_8B, layers=DFLASH_LAYERS, head_rows=(DFLASH_BLOCK - 1) / DFLASH_BLOCK)
+    plain = float(costs.forward_time(target, hardware, 1, 1, context))
+    step = float(costs.forward_time(drafter, hardware, 1, DFLASH_BLOCK, context))
+    step += float(costs.forward_time(target, hardware, 1, DFLASH_BLOCK, context))
+    projected = PUBLISHED["tau"] * plain / step
+    return PUBLISHED | {
+        "context": context,
+        "plain_ms": 1e3 * plain,
+        "step_ms": 1e3 * step,
+        "projected_speedup": projected,
+        "projected_over_published": projected / PUBLISHED["speedup"],
+    }
+
+
 def best_fixed(cell: dict) -> tuple[str, float]:
     fixed = {k: v for k, v in cell.items() if " K=" in k}
     name = max(fixed, key=fixed.get)
@@ -209,6 +244,11 @@ def markdown(result: dict) -> str:
     lines = [f"# {result['label']}: the combination question, {result['target']}, {result['hardware']['name']}", ""]
     lines.append(f"Median over {result['shuffles']} request orders; tokens/s relative to plain decoding. "
                  f"{result['approximation']}.")  # fmt: skip
+    check = result.get("published_check")
+    if check:
+        lines += ["", f"Check against a published point ({check['source']}): at τ {check['tau']} the model projects "
+                  f"{check['projected_speedup']:.2f}x against the published {check['speedup']}x "
+                  f"({check['projected_over_published']:.2f} of it)."]  # fmt: skip
     for t, block in result["temperatures"].items():
         cols = ["plain", "best fixed K", DSPARK_SCHED, COMBO]
         lines += ["", f"## T = {t}", "", "| concurrency | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]

@@ -28,6 +28,8 @@ def test_replay_from_committed_traces(tmp_path):
         assert cell["plain"] == 1.0 and combo_replay.COMBO in cell and combo_replay.DSPARK_SCHED in cell
         assert combo_replay.best_fixed(cell)[1] > 0
     assert out.with_suffix(".png").is_file()
+    check = result["published_check"]  # the roofline against DFlash's 4.86x at tau 6.49 (Qwen3-8B, H200)
+    assert check["speedup"] == 4.86 and 1.0 < check["projected_over_published"] < 1.3
 
 
 def test_cost_fit_then_replay_on_it(tmp_path):
