@@ -44,6 +44,19 @@ TRACES = RESULTS / "traces"
 COMBO = "DFlash 2 + proxy + scheduler"
 DSPARK_SCHED = "DSpark + scheduler"
 NAMES = {"dflash": "DFlash", "dflash2": "DFlash 2", "dspark": "DSpark"}
+# Qwen3-8B (its config.json) and a DFlash drafter of the published drafters' shape for it: 5
+# decoder layers at the target's width, block size 16 (z-lab's b16 drafters).
+QWEN3_8B = DecoderConfig(
+    vocab_size=151936,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
+PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
 
 
 def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, float, str]:
@@ -138,12 +151,21 @@ def _tensor(x):
     return torch.as_tensor(np.asarray(x))
 
 
-def step_costs(trace: Trace, hardware: costs.Hardware, step_overhead_s: float = 0.0) -> StepCosts:
-    target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]))
-    drafter = costs.ForwardShape.of_decoder(
-        DecoderConfig.from_dict(trace.meta["drafter_config"]),
-        head_rows=trace.meta["drafts_per_block"] / trace.meta["block_size"],
-    )
+def step_costs(
+    trace: Trace, hardware: costs.Hardware, step_overhead_s: float = 0.0, setting: str = "traced"
+) -> StepCosts:
+    """The step costs of the trace's own target and drafter, or (`setting` "qwen3-8b") of a
+    Qwen3-8B-sized target with a drafter of the published DFlash drafters' relative size (5
+    layers at the target's width), drafting the trace's block size."""
+    head_rows = trace.meta["drafts_per_block"] / trace.meta["block_size"]
+    if setting == "qwen3-8b":
+        target = costs.ForwardShape.of_decoder(QWEN3_8B)
+        drafter = costs.ForwardShape.of_decoder(QWEN3_8B, layers=DFLASH_LAYERS, head_rows=head_rows)
+    else:
+        target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]))
+        drafter = costs.ForwardShape.of_decoder(
+            DecoderConfig.from_dict(trace.meta["drafter_config"]), head_rows=head_rows
+        )
     context = int(np.median(trace.ctx_len))
     return StepCosts(target, drafter, hardware, trace.meta["block_size"], context, step_overhead_s)
 
@@ -155,6 +177,9 @@ def run(args) -> dict:
         **timing.result_header("combo_replay", "combo_replay.py", args.argv, "cpu"),
         "label": label.upper(),
         "target": args.target,
+        "setting": "the traced target and drafter"
+        if args.setting == "traced"
+        else f"a Qwen3-8B-sized target and a {DFLASH_LAYERS}-layer drafter at its width, on {args.target}'s traces",
         "hardware": hardware.to_dict(),
         "approximation": "steps are exchangeable: a request's i-th replayed step reads its i-th recorded step "
         "(flashspark/scheduling/replay.py)",
@@ -180,17 +205,17 @@ def run(args) -> dict:
         if "dspark" in traces and "dspark_head" in traces["dspark"].sources:
             tr = traces["dspark"]
             methods[DSPARK_SCHED] = (tr, lambda tr=tr: scheduler_policy(
-                DSPARK_SCHED, tr, step_costs(tr, hardware, rest), drafter_dir(args.target, "dspark"), "dspark_head"))  # fmt: skip
+                DSPARK_SCHED, tr, step_costs(tr, hardware, rest, args.setting), drafter_dir(args.target, "dspark"), "dspark_head"))  # fmt: skip
         if "dflash2" in traces and traces["dflash2"].signals is not None:
             tr = traces["dflash2"]
             methods[COMBO] = (tr, lambda tr=tr: scheduler_policy(
-                COMBO, tr, step_costs(tr, hardware, rest), drafter_dir(args.target, "dflash2"), "proxy"))  # fmt: skip
+                COMBO, tr, step_costs(tr, hardware, rest, args.setting), drafter_dir(args.target, "dflash2"), "proxy"))  # fmt: skip
         orders = [rng.permutation(any_trace.requests) for _ in range(args.shuffles)]
         cells = {}
         for c in args.concurrency:
             rates = {}
             for name, (tr, make) in methods.items():
-                sc = step_costs(tr, hardware, rest)
+                sc = step_costs(tr, hardware, rest, args.setting)
                 rates[name] = [replay(tr, make(), c, sc, order).tokens_per_s for order in orders]
             plain = rates["plain"]
             ratios = {name: [r / p for r, p in zip(rs, plain)] for name, rs in rates.items()}
@@ -199,21 +224,6 @@ def run(args) -> dict:
             }
         result["temperatures"][f"{t:g}"] = {"methods": list(methods), "cells": cells}
     return result
-
-
-# Qwen3-8B (its config.json) and a DFlash drafter of the published drafters' shape for it: 5
-# decoder layers at the target's width, block size 16 (z-lab's b16 drafters).
-QWEN3_8B = DecoderConfig(
-    vocab_size=151936,
-    hidden_size=4096,
-    intermediate_size=12288,
-    num_hidden_layers=36,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-)
-DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
-PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
 
 
 def published_check(hardware: costs.Hardware, context: int = 1024) -> dict:
@@ -241,7 +251,7 @@ def best_fixed(cell: dict) -> tuple[str, float]:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# {result['label']}: the combination question, {result['target']}, {result['hardware']['name']}", ""]
+    lines = [f"# {result['label']}: the combination question, {result['setting']}, {result['hardware']['name']}", ""]
     lines.append(f"Median over {result['shuffles']} request orders; tokens/s relative to plain decoding. "
                  f"{result['approximation']}.")  # fmt: skip
     check = result.get("published_check")
@@ -297,6 +307,13 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cost-file", default=None, help="a cost_fit.py JSON for --cost-model cpu (default: the committed one)"
     )
+    p.add_argument(
+        "--setting",
+        choices=("traced", "qwen3-8b"),
+        default="traced",
+        help="whose step costs: the traced target and drafter, or a Qwen3-8B-sized target with a 5-layer drafter "
+        "at its width, on the traces' acceptance (labelled so)",
+    )
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--shuffles", type=int, default=50)
@@ -313,7 +330,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     suffix = "_quick" if args.quick else ""
-    out = Path(args.out) if args.out else RESULTS / f"combo_replay_{args.target}_{args.cost_model}{suffix}.json"
+    setting = "" if args.setting == "traced" else f"_{args.setting}"
+    out = (
+        Path(args.out) if args.out else RESULTS / f"combo_replay_{args.target}{setting}_{args.cost_model}{suffix}.json"
+    )
     md = markdown(result)
     print(md)
     out.parent.mkdir(parents=True, exist_ok=True)
