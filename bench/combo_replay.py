@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import timing
-from flashspark.methods import MIN_PRIOR_ROWS, PRIOR_FILE, PROXY_FILES, SHIPPED_PRIOR_ROWS
+from flashspark.methods import MIN_PRIOR_ROWS, NO_PRIOR_GAIN, PRIOR_FILE, PROXY_FILES, SHIPPED_PRIOR_ROWS
 from flashspark.models import catalog
 from flashspark.models.config import DecoderConfig
 from flashspark.scheduling import costs
@@ -116,16 +116,16 @@ def scheduler_policy(name, trace: Trace, step: StepCosts, directory: Path, sourc
         policy.current = scheduler
         return scheduler
 
-    def predict(batch_size: int) -> bool:
-        # The Decoder's prediction from its prior (the shipped one, then every batch's).
+    def predict(batch_size: int) -> float:
+        # The Decoder's predicted gain from its prior (the shipped one, then every batch's).
         if policy.current is not None and policy.current.stats is not None:
             shipped.stats = policy.current.stats
         s = shipped.stats
         if s is None or s.rows < MIN_PRIOR_ROWS:
-            return True
+            return NO_PRIOR_GAIN
         spec, plain = sps(batch_size)
         judge = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=s)
-        return judge.expects_gain(conditional(s.mean_survival()), batch_size)
+        return judge.predicted_gain(conditional(s.mean_survival()), batch_size) / judge.min_gain
 
     if source == "proxy":
 

@@ -69,6 +69,9 @@ PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confide
 # Confidence rows (request-steps) that must back the mean before a decoder's scheduler runs plain
 # steps (ConfidenceScheduler.min_rows) or decodes a whole batch plainly.
 MIN_PRIOR_ROWS = 64
+# The predicted gain of speculation without a prior: it runs first, plain decoding is first
+# probed after 2^3 batches (scheduling/verdict.py).
+NO_PRIOR_GAIN = 2.0
 # Weight, in rows, of the shipped prior: enough to judge a first batch, little enough that a
 # batch or two of other text (and its verify outcomes) moves the estimate.
 SHIPPED_PRIOR_ROWS = 256
@@ -375,12 +378,11 @@ class Decoder:
         key = (B, temperature)
         if confident and not record:
             # Speculate or decode the batch plainly: a bandit over both's measured tokens/s
-            # (scheduling/verdict.py), the prior's prediction until there are measurements.
-            predicted = (
-                prior is None
-                or prior.rows < scheduler.min_rows
-                or scheduler.expects_gain(conditional(prior.mean_survival()), B)
-            )
+            # (scheduling/verdict.py), the prior's predicted gain (over the margin speculation
+            # must promise) until there are measurements.
+            predicted = NO_PRIOR_GAIN
+            if prior is not None and prior.rows >= scheduler.min_rows:
+                predicted = scheduler.predicted_gain(conditional(prior.mean_survival()), B) / scheduler.min_gain
             if not self.verdict.choose(key, predicted):
                 out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
                 self.verdict.record(key, False, stats["tokens_per_s"])

@@ -41,6 +41,7 @@ machine and cached in a JSON file.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
@@ -369,8 +370,13 @@ class ConfidenceScheduler(Scheduler):
         plain decoding? (True without a plain table.) Engines use this to switch speculation
         off for a whole batch at high load, where even plain steps inside the speculative
         loop cost more than plain decoding (they keep the drafter's cache up to date)."""
+        return self.predicted_gain(confidence, batch_size) > self.min_gain
+
+    def predicted_gain(self, confidence: torch.Tensor, batch_size: int) -> float:
+        """Speculation's expected tokens/s over plain decoding's for `batch_size` requests with
+        per-position confidences `confidence` [K'] (inf without a plain table)."""
         if self.plain_sps is None:
-            return True
+            return math.inf
         active = torch.ones(batch_size, dtype=torch.bool)
         _, theta = schedule_tokens(
             confidence.double().expand(batch_size, -1),
@@ -380,7 +386,7 @@ class ConfidenceScheduler(Scheduler):
             return_theta=True,
             admit="stop" if self.admission == "stop" else "best",
         )
-        return theta / self.step_cost_ratio() > self.min_gain * batch_size * float(self.plain_sps.rate(batch_size))
+        return theta / self.step_cost_ratio() / (batch_size * float(self.plain_sps.rate(batch_size)))
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Drafts each request verifies, from this step's confidences [B, K'] (lossless: see the

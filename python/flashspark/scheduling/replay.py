@@ -27,6 +27,7 @@ the replay is the recorded run itself, step for step (`tests/scheduling/test_rep
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,20 +155,21 @@ class SchedulerPolicy:
     the loop, then hears the outcomes. `make(batch_size)` builds a fresh scheduler per batch
     (a `Decoder` keeps what it learnt across batches: pass a factory that does the same);
     `confidence(rows, trace)` gives the rows' per-token confidences [n, K] (a trace source, or
-    a proxy run online on the rows' signals); `predict(batch_size)` is the prior's prediction
-    that speculation pays at that size, and `verdict` the `BatchVerdict` that decides, as a
-    `Decoder` does, whether a batch speculates or decodes plainly (without one: the prediction)."""
+    a proxy run online on the rows' signals); `predict(batch_size)` is the prior's predicted
+    gain of speculation at that size (its tokens/s over plain decoding's), and `verdict` the
+    `BatchVerdict` that decides, as a `Decoder` does, whether a batch speculates or decodes
+    plainly (without one: whether the prediction exceeds 1)."""
 
     def __init__(self, name: str, make, confidence, predict=None, observe=None, verdict=None):
         self.name, self.make, self.confidence = name, make, confidence
-        self.predict = predict or (lambda batch_size: True)
+        self.predict = predict or (lambda batch_size: math.inf)
         self.hear = observe  # optional: the confidence source hears the outcomes too
         self.verdict = verdict
         self.scheduler = None
 
     def start(self, batch_size: int) -> bool:
         predicted = self.predict(batch_size)
-        speculate = self.verdict.choose(batch_size, predicted) if self.verdict is not None else predicted
+        speculate = self.verdict.choose(batch_size, predicted) if self.verdict is not None else predicted >= 1.0
         if speculate:
             self.scheduler = self.make(batch_size)
         return speculate
@@ -201,6 +203,8 @@ class Replayed:
     steps: int  # request-steps
     accepted: int
     iterations: int  # batch forwards
+    plain_steps: int = 0  # iterations run as plain decode steps (a plain batch's, or a scheduler's call)
+    verified: int = 0  # drafts verified over all request-steps
 
     @property
     def tokens_per_s(self) -> float:
@@ -245,8 +249,10 @@ def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.n
             else:
                 k = gained = np.zeros(B, dtype=np.int64)
                 total.seconds += costs.plain(B)
+                total.plain_steps += 1
             total.steps += int(active.sum())
             total.accepted += int((gained * active).sum())
+            total.verified += int((k * active).sum())
             total.iterations += 1
             left -= (gained + 1) * active
             cursor += active

@@ -8,23 +8,31 @@ plainly in one run at 1.05x while a fixed K ran at 1.41x).
 
 `BatchVerdict` is a two-armed bandit per key (batch size, temperature): arm True speculates,
 arm False decodes plainly; each batch's measured tokens/s goes to the arm that ran it. The
-arm with the better mean over its last `window` batches runs, except for probes of the other
-arm: after `2^lost` batches, where `lost` counts the other arm's consecutive probes that
-measured worse (a never-measured arm the prediction disfavours: after 2). An arm that keeps losing is probed ever more rarely (the probes cost
-O(log n) of n batches), one that wins a probe takes over, and a changed load or machine is
-noticed at the next probe. Before any measurement the prior's prediction decides.
+ratio of the two arms' mean tokens/s over their last `window` batches decides; an arm not yet
+measured takes the prior's predicted ratio (speculation's tokens/s over plain decoding's,
+from the scheduler's confidences and step tables). The other arm is still probed, after
+2^lost batches: `lost` starts at 1 + round(2 |log2 ratio|) for an arm never measured (a
+prediction far from even is probed late) and grows by as much after each probe it loses. An
+arm that keeps losing is probed ever more rarely (the probes cost O(log n) of n batches), one
+that wins a probe takes over, and a changed load or machine is noticed at the next probe.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+
+
+def _backoff(ratio: float) -> int:
+    """Doublings of the probe interval a measured or predicted ratio between the arms earns."""
+    return 1 + round(2 * abs(math.log2(max(ratio, 1e-9))))
 
 
 class _Arms:
     def __init__(self, window: int):
         self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent batches
         self.since = {True: 0, False: 0}  # batches since the arm last ran
-        self.lost = {True: 0, False: 0}  # its consecutive lost probes
+        self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
 
     def mean(self, arm: bool) -> float | None:
         r = self.rates[arm]
@@ -35,42 +43,42 @@ class BatchVerdict:
     def __init__(self, window: int = 8):
         self.window = window
         self.arms: dict = {}
-        self.last: dict = {}  # key -> (arm, whether it was a probe)
+        self.last: dict = {}  # key -> (arm, whether it was a probe, the favoured arm)
 
     def _arms(self, key) -> _Arms:
         if key not in self.arms:
             self.arms[key] = _Arms(self.window)
         return self.arms[key]
 
-    def best(self, key, predicted: bool) -> bool:
-        """The arm the measurements favour (the prediction while neither has any, or on a tie of unknowns)."""
+    def ratio(self, key, predicted_gain: float) -> float:
+        """Speculation's tokens/s over plain decoding's: measured where both arms are, else predicted."""
         a = self._arms(key)
-        m = {arm: a.mean(arm) for arm in (True, False)}
-        if m[True] is None and m[False] is None:
-            return predicted
-        if m[True] is None or m[False] is None:
-            return m[True] is not None  # the measured arm, until the other's first probe
-        return m[True] >= m[False]
+        spec, plain = a.mean(True), a.mean(False)
+        return spec / plain if spec is not None and plain is not None else predicted_gain
 
-    def choose(self, key, predicted: bool) -> bool:
-        """Speculate (True) or decode plainly (False) for the next batch of `key`."""
+    def choose(self, key, predicted_gain: float) -> bool:
+        """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
+        prior's predicted gain (speculation's tokens/s over plain decoding's)."""
         a = self._arms(key)
-        best = self.best(key, predicted)
+        r = self.ratio(key, predicted_gain)
+        best = r >= 1.0
         other = not best
-        # A never-measured arm the prediction disfavours waits one doubling more for its first probe.
-        need = 2 ** (a.lost[other] + (not a.rates[other] and other != predicted))
-        probe = bool(a.since[other] >= need and (a.rates[best] or a.rates[other]))
+        lost = a.lost[other] if a.lost[other] is not None else _backoff(r)
+        measured = bool(a.rates[True] or a.rates[False])
+        probe = measured and a.since[other] >= 2**lost
         arm = other if probe else best
-        self.last[key] = (arm, bool(probe), best)
+        self.last[key] = (arm, probe, best)
         return arm
 
     def record(self, key, arm: bool, tokens_per_s: float) -> None:
         """The measured tokens/s of a batch of `key` that ran `arm`."""
         a = self._arms(key)
         _, probe, best = self.last.get(key, (arm, False, arm))
-        if probe and arm != best:
-            rival = a.mean(best)
-            a.lost[arm] = a.lost[arm] + 1 if rival is not None and tokens_per_s < rival else 0
+        rival = a.mean(best)
+        if probe and arm != best and rival is not None and tokens_per_s < rival:
+            a.lost[arm] = (a.lost[arm] or 0) + _backoff(rival / tokens_per_s)
+        elif a.lost[arm] is None or (probe and arm != best):
+            a.lost[arm] = 0  # measured now, or won its probe: probed again soon if it falls behind
         a.rates[arm].append(tokens_per_s)
         a.since[arm] = 0
         a.since[not arm] += 1
