@@ -27,29 +27,13 @@ import targets
 import timing
 import torch
 from flashspark.cli.common import check_args
+from flashspark.cli.fit import collect_records
 from flashspark.methods import DRAFTERS, drafter_dir_of, load_proxy, make_decoder
 from flashspark.scheduling.calibration import online_confidences
 from flashspark.scheduling.margin import MarginLogistic
 from flashspark.scheduling.replay import Trace
 
 RESULTS = Path(__file__).resolve().parent / "results" / "traces"
-
-
-def record(decode, prompts, tasks, args, temperature: float, eos_id) -> tuple[dict, list[int]]:
-    """The loop's records over all prompts (request ids over all of them, steps in decode order)
-    and each request's emitted tokens."""
-    parts, lengths, steps_before = [], [], 0
-    for i in range(0, len(prompts), args.batch_size):
-        batch = prompts[i : i + args.batch_size]
-        out, st = decode(batch, args.max_new_tokens, temperature, args.seed + i, eos_id=eos_id, record=True)
-        rec = dict(st["records"])
-        rec["step"] = rec["step"] + steps_before
-        rec["request"] = rec["request"] + i
-        steps_before += st["iterations"]
-        parts.append(rec)
-        lengths += [len(o) for o in out]
-    rec = {k: None if parts[0][k] is None else torch.cat([p[k] for p in parts]) for k in parts[0]}
-    return rec, lengths
 
 
 def main(argv=None) -> int:
@@ -90,7 +74,8 @@ def main(argv=None) -> int:
     print(f"{'drafter':>8} {'T':>4} {'requests':>8} {'rows':>6} {'tau':>6}  file")
     for drafter, decode in decoders.items():
         for t in args.temperatures:
-            rec, lengths = record(decode, prompts, tasks, args, t, eos)
+            lengths: list[int] = []
+            rec = collect_records(decode, prompts, args.max_new_tokens, t, args.batch_size, args.seed, eos, lengths)
             K = decode.drafter.num_drafts
             step = rec["step"]
             sources = {}

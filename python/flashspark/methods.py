@@ -362,8 +362,8 @@ class Decoder:
 
     def __call__(self, prompts, max_new_tokens, temperature=0.0, seed=0, eos_id=None, record=False):
         spec, B = self.spec, len(prompts)
-        # Per temperature: the confidence stats of the shipped prior and earlier calls. A batch is
-        # decoded plainly when MIN_PRIOR_ROWS rows of them say speculation cannot pay at its size.
+        # Per temperature: the confidence stats of the shipped prior and earlier calls. Once
+        # MIN_PRIOR_ROWS rows back them, they predict what speculation gains at a batch size.
         if temperature not in self.priors:
             # (The shipped prior is per block position: a tree's columns are nodes.)
             confident_method = spec.scheduler == "confidence" and not spec.tree

@@ -149,13 +149,17 @@ def collect_records(
     batch_size: int,
     seed: int = 0,
     eos_id: int | None = None,
+    lengths: list[int] | None = None,
 ) -> dict:
     """Per request-step confidences / signals, the drafter's top-2 margins and verify outcomes of
-    `decode` over `prompts`, in decode order; "step" numbers the loop steps across batches."""
+    `decode` over `prompts`, in decode order; "step" numbers the loop steps across batches and
+    "request" the prompts. `lengths`, if given, receives each request's emitted tokens."""
 
     parts, steps_before = [], 0
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"verify outcomes T={temperature:g}", leave=False):
-        _, st = decode(prompts[i : i + batch_size], max_new_tokens, temperature, seed + i, eos_id=eos_id, record=True)
+        out, st = decode(prompts[i : i + batch_size], max_new_tokens, temperature, seed + i, eos_id=eos_id, record=True)
+        if lengths is not None:
+            lengths += [len(o) for o in out]
         rec = dict(st["records"])
         if rec.get("step") is not None:  # batches run one after another: later steps, later ids
             rec["step"] = rec["step"] + steps_before
