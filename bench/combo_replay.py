@@ -157,17 +157,15 @@ def step_costs(
     """The step costs of the trace's own target and drafter, or (`setting` "qwen3-8b") of a
     Qwen3-8B-sized target with a drafter of the published DFlash drafters' relative size (5
     layers at the target's width), drafting the trace's block size."""
-    head_rows = trace.meta["drafts_per_block"] / trace.meta["block_size"]
+    block, drafts = trace.meta["block_size"], trace.meta["drafts_per_block"]
     if setting == "qwen3-8b":
         target = costs.ForwardShape.of_decoder(QWEN3_8B)
-        drafter = costs.ForwardShape.of_decoder(QWEN3_8B, layers=DFLASH_LAYERS, head_rows=head_rows)
+        drafter = costs.drafter_forward(QWEN3_8B, block, drafts, layers=DFLASH_LAYERS)
     else:
         target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]))
-        drafter = costs.ForwardShape.of_decoder(
-            DecoderConfig.from_dict(trace.meta["drafter_config"]), head_rows=head_rows
-        )
+        drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts)
     context = int(np.median(trace.ctx_len))
-    return StepCosts(target, drafter, hardware, trace.meta["block_size"], context, step_overhead_s)
+    return StepCosts(target, drafter, hardware, block, context, step_overhead_s)
 
 
 def run(args) -> dict:
@@ -229,11 +227,14 @@ def run(args) -> dict:
 def published_check(hardware: costs.Hardware, context: int = 1024) -> dict:
     """The cost model against DFlash's published point: the speedup it projects for Qwen3-8B and
     its drafter at the published τ, batch 1, beside the published speedup."""
-    target = costs.ForwardShape.of_decoder(QWEN3_8B)
-    drafter = costs.ForwardShape.of_decoder(QWEN3_8B, layers=DFLASH_LAYERS, head_rows=(DFLASH_BLOCK - 1) / DFLASH_BLOCK)
-    plain = float(costs.forward_time(target, hardware, 1, 1, context))
-    step = float(costs.forward_time(drafter, hardware, 1, DFLASH_BLOCK, context))
-    step += float(costs.forward_time(target, hardware, 1, DFLASH_BLOCK, context))
+    costs_8b = StepCosts(
+        costs.ForwardShape.of_decoder(QWEN3_8B),
+        costs.drafter_forward(QWEN3_8B, DFLASH_BLOCK, DFLASH_BLOCK - 1, layers=DFLASH_LAYERS),
+        hardware,
+        DFLASH_BLOCK,
+        context,
+    )
+    plain, step = costs_8b.plain(1), costs_8b.speculative(1, DFLASH_BLOCK)
     projected = PUBLISHED["tau"] * plain / step
     return PUBLISHED | {
         "context": context,

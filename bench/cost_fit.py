@@ -33,12 +33,6 @@ from flashspark.scheduling import costs
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def drafter_shape(drafter) -> costs.ForwardShape:
-    return costs.ForwardShape.of_decoder(
-        drafter.config.layer_config(), head_rows=drafter.num_drafts / drafter.block_size
-    )
-
-
 @torch.no_grad()
 def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> float:
     prompts = torch.randint(2, target.config.vocab_size, (batch, context), generator=torch.Generator().manual_seed(0))
@@ -98,7 +92,8 @@ def main(argv=None) -> int:
     checks = []
     for b in args.batches:
         draft = draft_seconds(target, drafter, b, ctx, args.repeats)
-        predicted = float(costs.forward_time(drafter_shape(drafter), hw, b, drafter.block_size, ctx))
+        shape_d = costs.drafter_forward(drafter.config.layer_config(), drafter.block_size, drafter.num_drafts)
+        predicted = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
         step = measured_step_seconds(target, drafter, b, context_len=ctx)
         verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
         checks.append(

@@ -41,6 +41,7 @@ import torch
 from flashspark.cli.common import check_args
 from flashspark.decoding.loop import prefill
 from flashspark.scheduling import costs
+from flashspark.scheduling.replay import StepCosts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TREE_DRAFTERS = ("dflash", "dflash2")  # DSpark drafts chains only
@@ -83,13 +84,6 @@ def draft_times(decoders: dict, prompts: list[list[int]], trees: list[int], batc
 
 
 # ------------------------------------------------------------------ 4. projection
-def drafter_shape(drafter) -> costs.ForwardShape:
-    """A DFlash-shaped drafter's forward: its layers over a block of γ rows per request (context
-    K/V injected from the target), the shared LM head over its γ - 1 drafting rows."""
-    c = drafter.config
-    return costs.ForwardShape.of_decoder(c.layer_config(), head_rows=drafter.num_drafts / drafter.block_size)
-
-
 def hardware(args) -> costs.Hardware:
     """The H200's description (scheduling/costs.py), with --peak-gbs / --peak-tflops if given."""
     return dataclasses.replace(costs.H200, bandwidth_gbs=args.peak_gbs, peak_tflops=args.peak_tflops)
@@ -103,15 +97,16 @@ def projection(decoders: dict, tau: dict, trees: list[int], args) -> list[dict]:
         if not n or (drafter_name, temperature, 0) not in tau:
             continue
         decode = decoders[drafter_name]
-        drafter = decode.drafter
-        target, hw = costs.ForwardShape.of_decoder(decode.target.config), hardware(args)
-        chain_tokens = drafter.num_drafts + 1
+        d = decode.drafter
+        step = StepCosts(
+            costs.ForwardShape.of_decoder(decode.target.config),
+            costs.drafter_forward(d.config.layer_config(), d.block_size, d.num_drafts),
+            hardware(args),
+            d.block_size,
+            args.context,
+        )
         for B in (1, 32):
-            draft = float(costs.forward_time(drafter_shape(drafter), hw, B, drafter.block_size, args.context))
-            plain, chain, tree = (
-                float(costs.forward_time(target, hw, B, t, args.context)) for t in (1, chain_tokens, n)
-            )
-            chain, tree = draft + chain, draft + tree
+            plain, chain, tree = step.plain(B), step.speculative(B, d.num_drafts + 1), step.speculative(B, n)
             tau_chain = tau[(drafter_name, temperature, 0)]
             rows.append(
                 {

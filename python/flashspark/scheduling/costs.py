@@ -278,6 +278,13 @@ class ForwardShape:
         )
 
 
+def drafter_forward(cfg: "DecoderConfig", block_size: int, num_drafts: int, layers: int | None = None) -> ForwardShape:
+    """A DFlash-shaped drafter's forward: `cfg`'s layers (its first `layers`) over a block of
+    `block_size` rows per request (the context K/V injected from the target), the shared LM
+    head over its `num_drafts` drafting rows."""
+    return ForwardShape.of_decoder(cfg, layers=layers, head_rows=num_drafts / block_size)
+
+
 def forward_time(shape: ForwardShape, hw: Hardware, batch, tokens, context):
     """Seconds of one forward of `tokens` new tokens for each of `batch` requests at `context`
     committed ones (numbers or NumPy arrays): overhead + max(bytes / bandwidth, FLOPs / peak)."""
