@@ -59,16 +59,23 @@ DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
 PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
 
 
-def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, float, str]:
-    """(hardware, rest of a speculative step in seconds, label): the H200's description, or this
-    CPU's fit for the target (bench/cost_fit.py's JSON, `path` or the committed one)."""
+def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, float | tuple, str, float]:
+    """(hardware, rest of a speculative step: seconds or (batch, seconds) pairs, label, bytes per
+    weight and K/V value):
+    the H200's description (bf16), or this CPU's fit for the target (bench/cost_fit.py's JSON,
+    `path` or the committed one; the bytes its rates were fitted with)."""
     if name == "h200":
-        return costs.H200, 0.0, "projection"
+        return costs.H200, 0.0, "projection", 2.0
     path = Path(path) if path else RESULTS / f"cost_model_{target}_cpu.json"
     if not path.is_file():
         raise FileNotFoundError(f"no fitted CPU description {path}: run python bench/cost_fit.py --model {target}")
     fit = json.loads(path.read_text())
-    return costs.Hardware.from_dict(fit["hardware"]), fit["step_overhead_s"], "replay"
+    rest = (
+        tuple(map(tuple, fit["step_overhead_by_batch"]))
+        if fit.get("step_overhead_by_batch")
+        else fit["step_overhead_s"]
+    )
+    return costs.Hardware.from_dict(fit["hardware"]), rest, "replay", fit.get("bytes_per_value", 2.0)
 
 
 def drafter_dir(target: str, drafter: str) -> Path:
@@ -94,10 +101,15 @@ class Shipped:
             self.proxy = ConfidenceProxy.load(directory / PROXY_FILES[key])
 
 
-def scheduler_policy(name, trace: Trace, step: StepCosts, directory: Path, source: str) -> SchedulerPolicy:
+def scheduler_policy(
+    name, trace: Trace, step: StepCosts, directory: Path, source: str, padded: bool = True
+) -> SchedulerPolicy:
     """DSpark's scheduler on a trace source ("dspark_head"), or on the DFlash 2 proxy run online
-    on the trace's signals ("proxy"), as `methods.Decoder` runs either."""
+    on the trace's signals ("proxy"), as `methods.Decoder` runs either. `padded`: admission
+    prices the padded verify forward the loop and the replay run (`confidence.padded_columns`);
+    False: Algorithm 1's slots, each one token of a packed forward."""
     K = trace.width
+    new_tokens = int(trace.new_tokens.max())  # the recorded run's cap, as a Decoder's max_new_tokens
     shipped = Shipped(directory, trace.meta["temperature"], K, proxy=source == "proxy")
     tables: dict[int, tuple] = {}
 
@@ -112,7 +124,9 @@ def scheduler_policy(name, trace: Trace, step: StepCosts, directory: Path, sourc
 
     def make(batch_size: int):
         spec, plain = sps(batch_size)
-        scheduler = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=shipped.stats)
+        scheduler = ConfidenceScheduler(
+            K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=shipped.stats, padded=padded, batch_verdict=True
+        )
         policy.current = scheduler
         return scheduler
 
@@ -124,8 +138,9 @@ def scheduler_policy(name, trace: Trace, step: StepCosts, directory: Path, sourc
         if s is None or s.rows < MIN_PRIOR_ROWS:
             return NO_PRIOR_GAIN
         spec, plain = sps(batch_size)
-        judge = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=s)
-        return judge.predicted_gain(conditional(s.mean_survival()), batch_size) / judge.min_gain
+        judge = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=s, padded=padded)
+        gain = judge.predicted_gain(conditional(s.mean_survival()), batch_size, new_tokens=new_tokens)
+        return gain / judge.min_gain
 
     if source == "proxy":
 
@@ -152,24 +167,32 @@ def _tensor(x):
 
 
 def step_costs(
-    trace: Trace, hardware: costs.Hardware, step_overhead_s: float = 0.0, setting: str = "traced"
+    trace: Trace,
+    hardware: costs.Hardware,
+    step_overhead_s: float | tuple = 0.0,
+    setting: str = "traced",
+    bytes_per_value: float = 2.0,
 ) -> StepCosts:
     """The step costs of the trace's own target and drafter, or (`setting` "qwen3-8b") of a
     Qwen3-8B-sized target with a drafter of the published DFlash drafters' relative size (5
-    layers at the target's width), drafting the trace's block size."""
+    layers at the target's width), drafting the trace's block size; weights and K/V of
+    `bytes_per_value` (what the hardware's rates were fitted with)."""
     block, drafts = trace.meta["block_size"], trace.meta["drafts_per_block"]
+    b = bytes_per_value
     if setting == "qwen3-8b":
-        target = costs.ForwardShape.of_decoder(QWEN3_8B)
-        drafter = costs.drafter_forward(QWEN3_8B, block, drafts, layers=DFLASH_LAYERS)
+        target = costs.ForwardShape.of_decoder(QWEN3_8B, b, b)
+        drafter = costs.drafter_forward(QWEN3_8B, block, drafts, DFLASH_LAYERS, b)
     else:
-        target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]))
-        drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts)
+        target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]), b, b)
+        drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts, None, b)
     context = int(np.median(trace.ctx_len))
+    if isinstance(step_overhead_s, tuple):
+        return StepCosts(target, drafter, hardware, block, context, step_overhead_by_batch=step_overhead_s)
     return StepCosts(target, drafter, hardware, block, context, step_overhead_s)
 
 
 def run(args) -> dict:
-    hardware, rest, label = cost_model(args.cost_model, args.target, args.cost_file)
+    hardware, rest, label, elem = cost_model(args.cost_model, args.target, args.cost_file)
     rng = np.random.default_rng(args.seed)
     result = {
         **timing.result_header("combo_replay", "combo_replay.py", args.argv, "cpu"),
@@ -181,6 +204,7 @@ def run(args) -> dict:
         "hardware": hardware.to_dict(),
         "approximation": "steps are exchangeable: a request's i-th replayed step reads its i-th recorded step "
         "(flashspark/scheduling/replay.py)",
+        "price": args.price,
         "shuffles": args.shuffles,
         "concurrency": args.concurrency,
         "temperatures": {},
@@ -203,17 +227,17 @@ def run(args) -> dict:
         if "dspark" in traces and "dspark_head" in traces["dspark"].sources:
             tr = traces["dspark"]
             methods[DSPARK_SCHED] = (tr, lambda tr=tr: scheduler_policy(
-                DSPARK_SCHED, tr, step_costs(tr, hardware, rest, args.setting), drafter_dir(args.target, "dspark"), "dspark_head"))  # fmt: skip
+                DSPARK_SCHED, tr, step_costs(tr, hardware, rest, args.setting, elem), drafter_dir(args.target, "dspark"), "dspark_head", args.price == "padded"))  # fmt: skip
         if "dflash2" in traces and traces["dflash2"].signals is not None:
             tr = traces["dflash2"]
             methods[COMBO] = (tr, lambda tr=tr: scheduler_policy(
-                COMBO, tr, step_costs(tr, hardware, rest, args.setting), drafter_dir(args.target, "dflash2"), "proxy"))  # fmt: skip
+                COMBO, tr, step_costs(tr, hardware, rest, args.setting, elem), drafter_dir(args.target, "dflash2"), "proxy", args.price == "padded"))  # fmt: skip
         orders = [rng.permutation(any_trace.requests) for _ in range(args.shuffles)]
         cells = {}
         for c in args.concurrency:
             rates = {}
             for name, (tr, make) in methods.items():
-                sc = step_costs(tr, hardware, rest, args.setting)
+                sc = step_costs(tr, hardware, rest, args.setting, elem)
                 rates[name] = [replay(tr, make(), c, sc, order).tokens_per_s for order in orders]
             plain = rates["plain"]
             ratios = {name: [r / p for r, p in zip(rs, plain)] for name, rs in rates.items()}
@@ -245,8 +269,9 @@ def published_check(hardware: costs.Hardware, context: int = 1024) -> dict:
     }
 
 
-def best_fixed(cell: dict) -> tuple[str, float]:
-    fixed = {k: v for k, v in cell.items() if " K=" in k}
+def best_fixed(cell: dict, drafter: str | None = None) -> tuple[str, float]:
+    """The best fixed K of the cell (of `drafter`'s, a NAMES value, if given)."""
+    fixed = {k: v for k, v in cell.items() if " K=" in k and (drafter is None or k.startswith(f"{drafter} K="))}
     name = max(fixed, key=fixed.get)
     return name, fixed[name]
 
@@ -254,18 +279,20 @@ def best_fixed(cell: dict) -> tuple[str, float]:
 def markdown(result: dict) -> str:
     lines = [f"# {result['label']}: the combination question, {result['setting']}, {result['hardware']['name']}", ""]
     lines.append(f"Median over {result['shuffles']} request orders; tokens/s relative to plain decoding. "
-                 f"{result['approximation']}.")  # fmt: skip
+                 f"{result['approximation']}. The schedulers price a step's verify forward as "
+                 f"{'padded to its widest request' if result.get('price', 'padded') == 'padded' else 'packed (Algorithm 1)'}.")  # fmt: skip
     check = result.get("published_check")
     if check:
         lines += ["", f"Check against a published point ({check['source']}): at τ {check['tau']} the model projects "
                   f"{check['projected_speedup']:.2f}x against the published {check['speedup']}x "
                   f"({check['projected_over_published']:.2f} of it)."]  # fmt: skip
     for t, block in result["temperatures"].items():
-        cols = ["plain", "best fixed K", DSPARK_SCHED, COMBO]
+        cols = ["plain", "best fixed K", "DFlash 2's best K", DSPARK_SCHED, COMBO]
         lines += ["", f"## T = {t}", "", "| concurrency | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
         for c, cell in block["cells"].items():
             name, value = best_fixed(cell)
-            row = [f"{cell['plain']:.2f}", f"{value:.2f} ({name})"]
+            own, own_value = best_fixed(cell, NAMES["dflash2"])
+            row = [f"{cell['plain']:.2f}", f"{value:.2f} ({name})", f"{own_value:.2f} ({own.split()[-1]})"]
             row += [f"{cell[m]:.2f}" if m in cell else "-" for m in (DSPARK_SCHED, COMBO)]
             lines.append(f"| {c} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
@@ -319,6 +346,13 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     p.add_argument("--shuffles", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--price",
+        choices=("padded", "packed"),
+        default="padded",
+        help="the schedulers' T in Θ = τ · SPS(T): the padded forward the replay (as flashspark's loop) runs, or "
+        "Algorithm 1's slots each priced as one token of a packed forward (method option price=)",
+    )
     p.add_argument("--quick", action="store_true", help="3 shuffles, concurrency 1 4 16 64")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -331,7 +365,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     suffix = "_quick" if args.quick else ""
-    setting = "" if args.setting == "traced" else f"_{args.setting}"
+    setting = ("" if args.setting == "traced" else f"_{args.setting}") + ("_packed" if args.price == "packed" else "")
     out = (
         Path(args.out) if args.out else RESULTS / f"combo_replay_{args.target}{setting}_{args.cost_model}{suffix}.json"
     )

@@ -1,16 +1,15 @@
 """Fit this machine's description for the cost model (flashspark.scheduling.costs): time the
 target's verify forwards over a grid of batch sizes, tokens per request and context lengths,
-fit bandwidth, peak FLOP/s and a per-forward overhead to them (`fit_hardware`), then check
-the fit on what it was not fitted to: the drafter's drafting pass and whole loop steps.
+and the drafter's drafting passes, fit bandwidth, peak FLOP/s, a per-forward and a per-layer
+overhead to both (`fit_hardware`), then measure whole loop steps against the fit.
 
     python bench/cost_fit.py                               # tiny target
     python bench/cost_fit.py --model smollm2 --dtype float32
 
 Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every measurement
-with its relative error, the fit's RMS and worst error, the drafter's measured and predicted
-seconds per batch size, and the rest of a loop step (verify, commit, scheduling) measured
-as a step's time minus its two forwards: `step_overhead_s`, which the replay adds to each
-speculative step (bench/combo_replay.py --cost-model cpu). Run it on an otherwise idle machine.
+with its relative error, the fit's RMS and worst error, and the rest of a loop step (verify,
+commit, scheduling) measured as a step's time minus its two modelled forwards:
+`step_overhead_s`, which the replay adds to each speculative step (bench/combo_replay.py --cost-model cpu). Run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -72,6 +71,7 @@ def main(argv=None) -> int:
     dtype = target.lm_head.weight.dtype
     elem = torch.finfo(dtype).bits // 8
     shape = costs.ForwardShape.of_decoder(target.config, weight_bytes_per_param=elem, kv_bytes_per_value=elem)
+    shape_d = costs.drafter_forward(drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem)
     layers = drafter.config.target_layer_ids
     measured = []
     print(f"{'batch':>5} {'tokens':>6} {'context':>7} {'ms':>8}")
@@ -84,41 +84,47 @@ def main(argv=None) -> int:
                 sec = costs.forward_seconds(target, tokens, cache, lens, torch.full((b,), w), layers, 1, args.repeats)
                 measured.append((b, w, ctx, sec))
                 print(f"{b:>5} {w:>6} {ctx:>7} {1e3 * sec:>8.2f}", flush=True)
-    fit = costs.fit_hardware(shape, measured, f"this CPU, {name} {str(dtype).removeprefix('torch.')}, fitted")
+    # The drafter's passes, fitted with the target's: two depths (its layers, the target's) set
+    # the per-layer overhead apart from the per-forward one.
+    drafted = []
+    for ctx in args.contexts:
+        for b in args.batches:
+            sec = draft_seconds(target, drafter, b, ctx, args.repeats)
+            drafted.append((b, drafter.block_size, ctx, sec))
+            print(f"{b:>5} {'draft':>6} {ctx:>7} {1e3 * sec:>8.2f}", flush=True)
+    label = f"this CPU, {name} {str(dtype).removeprefix('torch.')}, fitted"
+    fit = costs.fit_hardware(shape, measured, label, others=[(shape_d, drafted)])
     hw = fit.hardware
     print(f"fit: {hw}; relative error RMS {fit.rms_error:.3f}, worst {fit.max_error:.3f}")
-    # Checks the fit was not made on: the drafter's pass, and a whole loop step's remainder.
+    # The check the fit was not made on: whole loop steps, whose rest (verify, commit,
+    # scheduling: beyond the two forwards) the replay adds to each speculative step.
     ctx = args.contexts[-1]
     checks = []
     for b in args.batches:
-        draft = draft_seconds(target, drafter, b, ctx, args.repeats)
-        shape_d = costs.drafter_forward(drafter.config.layer_config(), drafter.block_size, drafter.num_drafts)
-        predicted = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
+        draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
         step = measured_step_seconds(target, drafter, b, context_len=ctx)
         verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
-        checks.append(
-            {
-                "batch": b,
-                "draft_s": draft,
-                "draft_predicted_s": predicted,
-                "step_s": step,
-                "step_rest_s": max(0.0, step - draft - verify),
-            }
-        )
-        print(f"batch {b}: draft {1e3 * draft:.2f} ms (model {1e3 * predicted:.2f}), step {1e3 * step:.2f} ms")
+        checks.append({"batch": b, "step_s": step, "draft_model_s": draft, "verify_model_s": verify,
+                       "step_rest_s": max(0.0, step - draft - verify)})  # fmt: skip
+        print(f"batch {b}: step {1e3 * step:.2f} ms, model draft {1e3 * draft:.2f} + verify {1e3 * verify:.2f} ms")
     result = {
         **timing.result_header("cost_fit", "cost_fit.py", argv, "cpu", dtype),
         "target": bench_target.label,
         "hardware": hw.to_dict(),
+        "bytes_per_value": elem,  # the shapes' weight and K/V bytes the rates were fitted with
         "fit": {"rms_error": fit.rms_error, "max_error": fit.max_error},
         "measurements": [
-            {"batch": b, "tokens": w, "context": c, "seconds": s, "relative_error": e}
-            for (b, w, c, s), e in zip(measured, fit.relative_errors)
+            {"model": model, "batch": b, "tokens": w, "context": c, "seconds": s, "relative_error": e}
+            for model, (b, w, c, s), e in zip(
+                ["target"] * len(measured) + ["drafter"] * len(drafted), measured + drafted, fit.relative_errors
+            )
         ],
         "drafter": args.drafter,
         "checks": checks,
         # The rest of a speculative step beyond its two forwards, added by the replay.
         "step_overhead_s": statistics.median(c["step_rest_s"] for c in checks),
+        # ... per batch size (the replay interpolates: the rest grows with the batch's rows)
+        "step_overhead_by_batch": [[c["batch"], c["step_rest_s"]] for c in checks],
     }
     out = Path(args.out) if args.out else RESULTS / f"cost_model_{name}_cpu.json"
     timing.save_result(result, out)

@@ -5,6 +5,8 @@ record mode, held-out prompts of each task, each request stopping at EOS (or aft
 
     python bench/record_traces.py                                   # tiny target
     python bench/record_traces.py --model smollm2 --dtype float32   # -> bench/results/traces/smollm2_*.npz
+    python bench/record_traces.py --model smollm2 --dtype float32 --tasks chat --no-stop-at-eos \
+        --out-dir runs/traces_noeos                                 # what e2e_bench decodes (replay_check)
 
 Per drafter and temperature one file, bench/results/traces/<target>_<drafter>_t<T>.npz: per
 request-step the drafted block, the accepted prefix, the context length, and the confidence
@@ -49,6 +51,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--no-stop-at-eos",
+        action="store_true",
+        help="decode --max-new-tokens per request, as e2e_bench does (traces for bench/replay_check.py)",
+    )
     p.add_argument("--out-dir", default=str(RESULTS))
     args = p.parse_args(argv)
     try:
@@ -62,7 +69,7 @@ def main(argv=None) -> int:
             got = target.heldout_prompts(task, args.prompts, args.prompt_tokens)
             prompts += got
             task_of += [t] * len(got)
-        eos = None if target.tiny else target.eos_id()
+        eos = None if target.tiny or args.no_stop_at_eos else target.eos_id()
         decoders = {d: make_decoder(d, target.model) for d in args.drafters}
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

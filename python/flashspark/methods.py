@@ -64,6 +64,7 @@ def method_of_drafter(path: str | Path) -> str:
 
 
 SCHEDULERS = ("fixed", "confidence")
+PRICES = ("padded", "packed")
 PROXY_FILES = {0: "proxy_t0.json", 1: "proxy_t1.json"}  # fitted at temperature 0 and 1
 PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confidence stats per temperature
 # Confidence rows (request-steps) that must back the mean before a decoder's scheduler runs plain
@@ -87,6 +88,10 @@ class MethodSpec:
     online: bool = True  # confidence proxy: update from each step's outcomes
     plain_steps: bool = True  # confidence scheduler: run plain decode steps when drafting would not pay
     admission: str = "stop"  # confidence scheduler: Algorithm 1's early stop, or "budget" (the engines' rule)
+    # confidence scheduler: T of Θ = τ · SPS(T) as the loop's verify forward runs it: "padded" (every
+    # row as wide as the widest request: the batch's width is chosen) or "packed" (T = Σ (k + 1), as
+    # engines pack a ragged batch: Algorithm 1's slots, each one token)
+    price: str = "padded"
     tree: int = 0  # > 0: a token tree of this many nodes per step (the anchor and tree - 1 drafts); 0: chains
     search: str = "best-first"  # how trees are built (models.tree.SEARCHES): best-first, or beam
 
@@ -97,6 +102,8 @@ class MethodSpec:
             raise ValueError(f"unknown scheduler {self.scheduler!r}; expected one of {SCHEDULERS}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"unknown admission {self.admission!r}; expected one of {ADMISSIONS}")
+        if self.price not in PRICES:
+            raise ValueError(f"unknown price {self.price!r}; expected one of {PRICES}")
         if self.path not in PATH_MODES:
             raise ValueError(f"unknown path mode {self.path!r}; expected one of {PATH_MODES}")
         if self.scheduler == "confidence" and self.drafter == "dflash":
@@ -114,7 +121,7 @@ class MethodSpec:
 
 
 def parse_method(text: str) -> MethodSpec:
-    """`name[:key=value,...]` with keys k, sched, path, delay, admit, online (0/1), plain (0/1), tree, search."""
+    """`name[:key=value,...]` with keys k, sched, path, delay, admit, price, online (0/1), plain (0/1), tree, search."""
     name, _, opts = text.partition(":")
     kw: dict = {}
     for opt in filter(None, opts.split(",")):
@@ -133,6 +140,8 @@ def parse_method(text: str) -> MethodSpec:
             kw["path"] = val
         elif key == "admit" and val:
             kw["admission"] = val
+        elif key == "price" and val:
+            kw["price"] = val
         elif key == "online" and val in ("0", "1"):
             kw["online"] = val == "1"
         elif key == "plain" and val in ("0", "1"):
@@ -141,7 +150,7 @@ def parse_method(text: str) -> MethodSpec:
             raise ValueError(
                 f"method option {opt!r} of {text!r} not understood "
                 "(keys: k=N, sched=fixed|confidence, path=auto|backtrack|greedy|sample, delay=N, "
-                "admit=stop|budget, online=0|1, plain=0|1, tree=N, search=best-first|beam)"
+                "admit=stop|budget, price=padded|packed, online=0|1, plain=0|1, tree=N, search=best-first|beam)"
             )
     return MethodSpec(name, **kw)
 
@@ -327,6 +336,7 @@ class Decoder:
         self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
         self.sps: dict[int, tuple[SPSTable, SPSTable]] = {}  # per batch size: (speculative, plain) step rates
         self.verdict = BatchVerdict()  # per batch size and temperature: speculate or decode plainly
+        self.plain_step: dict[int, float] = {}  # per batch size: seconds of a plain decode step, measured
 
     def prepare(self, batch_size: int, temperature: float) -> None:
         self.scheduler_for(batch_size, temperature)
@@ -350,6 +360,8 @@ class Decoder:
         return ConfidenceScheduler(
             self.k_max,
             spec_sps,
+            padded=spec.price == "padded",
+            batch_verdict=True,  # `__call__` decides whole batches with its BatchVerdict
             delay=spec.delay,
             admission=spec.admission,
             confidence_fn=source,
@@ -382,10 +394,12 @@ class Decoder:
             # must promise) until there are measurements.
             predicted = NO_PRIOR_GAIN
             if prior is not None and prior.rows >= scheduler.min_rows:
-                predicted = scheduler.predicted_gain(conditional(prior.mean_survival()), B) / scheduler.min_gain
+                survival = conditional(prior.mean_survival())
+                predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens) / scheduler.min_gain
             if not self.verdict.choose(key, predicted):
                 out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
                 self.verdict.record(key, False, stats["tokens_per_s"])
+                self.plain_step[B] = stats["decode_seconds"] / max(1, stats["plain_steps"])
                 return out, stats
         out, stats = speculative_generate(
             self.target,
@@ -405,8 +419,23 @@ class Decoder:
             self.priors[temperature] = scheduler.stats  # the prior plus this batch
             self.step_costs[B] = scheduler.step_cost_totals()
         if confident and not record:
-            self.verdict.record(key, True, stats["tokens_per_s"])
+            self.verdict.record(key, True, stats["tokens_per_s"], self.plain_estimate(B, out, stats))
         return out, stats
+
+    def plain_estimate(self, batch_size: int, outputs, stats) -> float | None:
+        """Tokens/s plain decoding would have reached on a batch just decoded speculatively: its
+        prefill, then one plain step per token of its longest output after the first (the
+        prefill draws it), at the plain step time measured on the last plain batch of this size,
+        else the profiled forward's (scheduling/verdict.py: the counterfactual plain rate)."""
+        steps = max((len(o) for o in outputs), default=0) - 1
+        if batch_size in self.plain_step:
+            step = self.plain_step[batch_size]
+        elif batch_size in self.sps:
+            step = 1.0 / float(self.sps[batch_size][1].rate(batch_size))
+        else:
+            return None
+        seconds = stats["prefill_seconds"] + max(0, steps) * step
+        return stats["new_tokens"] / seconds if seconds > 0 else None
 
 
 def make_decoder(spec: MethodSpec | str, target, drafter=None, drafter_dir: str | Path | None = None) -> Decoder:

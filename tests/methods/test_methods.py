@@ -408,6 +408,14 @@ def test_wants_draft_follows_mean_confidence_and_load():
     assert [sched.wants_draft(two) for _ in range(3)] == [False] * 3
     assert sched.wants_draft(one) and not sched.wants_draft(two)
     assert ConfidenceScheduler(3, linear_sps()).wants_draft(two)  # no plain table: always draft
+    # Under a batch verdict (a Decoder's): a whole batch drafts whatever the prior says, since the
+    # verdict decided it from measurements (a probe of speculation must measure speculation);
+    # once a request has finished, the prior weighs plain steps again.
+    judged = ConfidenceScheduler(
+        3, SPSTable([1, 100], [1.0, 1.0]), plain_sps=SPSTable([1, 2], [2.0, 4.0]), min_rows=2, batch_verdict=True
+    )
+    judged.schedule(torch.full((2, 3), 0.9), two)
+    assert judged.wants_draft(two) and not judged.wants_draft(torch.tensor([True, True, False]))
     # Speculation must promise min_gain x plain: Θ 3.44 for one request against plain 3.3 (or 3.0).
     conf = torch.full((3,), 0.9)
     assert not ConfidenceScheduler(

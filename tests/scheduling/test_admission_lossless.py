@@ -77,24 +77,28 @@ UNIFORM_PAIR = torch.full((V * V,), 1.0 / (V * V))
 
 
 @pytest.mark.parametrize(
-    "admission,delay", [("stop", 0), ("stop", 2), ("budget", 0)], ids=["stop", "stop-delay2", "budget"]
+    "admission,delay,padded",
+    [("stop", 0, False), ("stop", 2, False), ("budget", 0, False), ("stop", 0, True), ("budget", 0, True)],
+    ids=["stop", "stop-delay2", "budget", "stop-padded", "budget-padded"],
 )
 @pytest.mark.parametrize("c1", [0.6, 0.7], ids=["dip", "rise"])
-def test_scheduler_then_verify_is_lossless(admission, delay, c1):
+def test_scheduler_then_verify_is_lossless(admission, delay, c1, padded):
     """c1 = 0.6: Θ dips at one slot and rises again at two only when x1 = 0; c1 = 0.7: Θ rises
-    at one slot, and at two only when x1 = 0 (verifying slot 2 on draft 1 is allowed)."""
-    sched = ConfidenceScheduler(2, SPS, delay=delay, admission=admission)
+    at one slot, and at two only when x1 = 0 (verifying slot 2 on draft 1 is allowed). `padded`:
+    the admission of widths (`padded_columns`), which for one request prices as Algorithm 1."""
+    sched = ConfidenceScheduler(2, SPS, delay=delay, admission=admission, padded=padded)
     counts, k = run_trials(sched, lambda x1: c1)
     assert chi_square_ok(counts, UNIFORM_PAIR)
     if admission == "stop" and delay == 0:  # the setting is not vacuous: both depths occur
         assert set(k.tolist()) == ({0} if c1 == 0.6 else {1, 2})
 
 
-def test_planted_best_prefix_rule_is_caught(monkeypatch):
+@pytest.mark.parametrize("padded", [False, True], ids=["slots", "padded"])
+def test_planted_best_prefix_rule_is_caught(monkeypatch, padded):
     """The old rule, the best of all prefixes, verifies x1 only when x1 = 0: token 0 comes
-    first about 33% of the time instead of 25%."""
+    first about 33% of the time instead of 25% (the best width, for the padded admission)."""
     monkeypatch.setattr(confidence_mod, "early_stop", lambda theta: int(np.argmax(theta)))
-    counts, k = run_trials(ConfidenceScheduler(2, SPS), lambda x1: 0.6)
+    counts, k = run_trials(ConfidenceScheduler(2, SPS, padded=padded), lambda x1: 0.6)
     assert set(k.tolist()) == {0, 2}
     assert not chi_square_ok(counts, UNIFORM_PAIR)
     first = counts.view(V, V).sum(1) / counts.sum()
@@ -137,3 +141,25 @@ def test_best_prefix_does_anticipate():
     assert schedule_tokens(conf, active, SPS, admit="best").tolist() == [2]
     assert schedule_tokens(torch.tensor([[0.6, 0.1]]), active, SPS, admit="best").tolist() == [0]
     assert schedule_tokens(conf, active, SPS).tolist() == [0]  # the early stop: decided before slot 2
+
+
+@pytest.mark.parametrize("admit", ["stop", 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_padded_width_ignores_the_confidences_after_it(admit, seed):
+    """The padded admission verifies column j of every active request or of none: resampling
+    any request's confidences after position j never changes whether column j is verified."""
+    g = torch.Generator().manual_seed(seed)
+    B, K = 5, 6
+    tokens = [B * w for w in range(1, K + 2)]
+    rates = 1.0 / torch.tensor(tokens, dtype=torch.float64) ** 0.4 * (1 + 0.2 * torch.rand(K + 1, generator=g))
+    sps = SPSTable(tokens, rates.tolist())
+    active = torch.tensor([True, True, False, True, True])
+    for _ in range(40):
+        conf = torch.rand(B, K, generator=g) ** 0.3
+        k = schedule_tokens(conf, active, sps, admit=admit, padded=True)
+        assert set(k[active].tolist()) == {int(k.max())} and int(k[~active].sum()) == 0
+        j = int(torch.randint(K, (1,), generator=g))
+        other = conf.clone()
+        other[:, j + 1 :] = torch.rand(B, K - j - 1, generator=g) ** 0.3
+        k2 = schedule_tokens(other, active, sps, admit=admit, padded=True)
+        assert (int(k.max()) > j) == (int(k2.max()) > j)

@@ -7,6 +7,7 @@ import itertools
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from flashspark.models import DecoderConfig, DecoderForCausalLM
@@ -270,3 +271,58 @@ def test_conditional_confidences_reproduce_mean_survival():
     c = conditional(mean_a)
     torch.testing.assert_close(c.cumprod(0), mean_a)
     assert float(conf.mean(0).prod()) < float(mean_a[-1]) - 0.1
+
+
+# ------------------------------------------------- a padded verify forward (flashspark's loop)
+def test_padded_admission_is_the_best_width_by_brute_force():
+    """`padded_columns`: Θ(w) = (active + Σ_r Σ_{j≤w} a_rj) · SPS(rows · (w + 1)), every active
+    request verifying w drafts; "best" is the argmax over w, "stop" the first fall."""
+    g = torch.Generator().manual_seed(3)
+    B, K = 6, 5
+    tokens = [B * w for w in range(1, K + 2)]
+    sps = SPSTable(tokens, [1.0 / (1 + 0.15 * w**1.5) for w in range(1, K + 2)])
+    for _ in range(20):
+        conf = torch.rand(B, K, generator=g) ** 0.5
+        active = torch.rand(B, generator=g) < 0.8
+        active[0] = True
+        a = torch.cumprod(conf, 1)[active]
+        theta = [(int(active.sum()) + float(a[:, :w].sum())) * float(sps.rate(B * (w + 1))) for w in range(K + 1)]
+        k, th = schedule_tokens(conf, active, sps, admit="best", padded=True, return_theta=True)
+        assert k[active].tolist() == [int(np.argmax(theta))] * int(active.sum()) and th == pytest.approx(max(theta))
+        stop = schedule_tokens(conf, active, sps, padded=True)
+        falls = [w for w in range(K) if theta[w + 1] <= theta[w]]
+        assert int(stop.max()) == (falls[0] if falls else K)
+
+
+def test_padded_admission_does_not_widen_a_batch_for_one_request():
+    """32 rows, a compute-bound step cost: one confident request would, slot by slot, widen the
+    whole forward (Algorithm 1 prices its draft at one token of T); the padded admission sees
+    that the width costs 32 tokens and keeps the batch narrow."""
+    B = 32
+    tokens = list(range(1, B * 5 + 1))
+    sps = SPSTable(tokens, [1.0 / (1 + t / 32) for t in tokens])  # each 32 tokens add a step's cost
+    conf = torch.full((B, 4), 0.05, dtype=torch.float64)
+    conf[0] = 0.99
+    active = torch.ones(B, dtype=torch.bool)
+    slots = schedule_tokens(conf, active, sps)
+    assert int(slots[0]) == 4 and int(slots[1:].sum()) == 0  # one request, 4 drafts: a 5-wide forward
+    padded = schedule_tokens(conf, active, sps, padded=True)
+    assert padded.tolist() == [0] * B
+
+
+def test_batch_tail_matches_a_simulated_batch():
+    """The slowest of B requests, each emitting 1 + accepted tokens a step (P(accepted >= j) =
+    a_j), against `batch_tail`'s renewal approximation: within 4% of a simulation."""
+    from flashspark.scheduling.confidence import batch_tail, expected_max_normal
+
+    rng = np.random.default_rng(0)
+    assert expected_max_normal(1) == pytest.approx(0.0, abs=1e-6)
+    assert expected_max_normal(32) == pytest.approx(np.mean(rng.standard_normal((4000, 32)).max(1)), abs=0.03)
+    survival = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    mu = 1 + float(survival.sum())
+    probs = -np.diff(np.concatenate([[1.0], survival.numpy(), [0.0]]))  # P(accepted = 0 .. 4)
+    for batch, n in ((1, 96), (8, 96), (32, 96), (16, 256)):
+        emitted = np.cumsum(1 + rng.choice(5, p=probs, size=(400, batch, n)), -1)  # [trials, batch, steps]
+        slowest = ((emitted < n).sum(-1) + 1).max(1)  # steps until each request has n tokens; the batch's last
+        simulated = np.mean(slowest) / (n / mu)
+        assert batch_tail(survival, batch, n) == pytest.approx(simulated, rel=0.04), (batch, n)

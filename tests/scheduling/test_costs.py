@@ -62,6 +62,30 @@ def test_fit_recovers_a_known_machine():
         fit_hardware(s, exact[:2])
 
 
+def test_fit_sets_the_layer_overhead_apart_with_a_shallower_model():
+    """A machine that pays per layer (a CPU's operator dispatch): fitted on the target alone, the
+    per-layer cost hides in the per-forward one and a 2-layer drafter is priced like the 30-layer
+    target's overhead (1.65x its time here, where the LM head is most of it); fitted beside the drafter's passes, both are recovered."""
+    from flashspark.scheduling.costs import drafter_forward
+
+    t = ForwardShape.of_decoder(SMOLLM2, 4, 4)
+    d = drafter_forward(SMOLLM2, 8, 7, layers=2, bytes_per_value=4)
+    assert t.layers == 30 and d.layers == 2
+    true = Hardware("true", 20.0, 0.15, 1e-3, 2e-4)
+    target = [(b, k, 256, float(forward_time(t, true, b, k, 256))) for b in (1, 2, 4, 8) for k in (1, 2, 4, 8)]
+    drafts = [(b, 8, c, float(forward_time(d, true, b, 8, c))) for b in (1, 2, 4, 8) for c in (64, 256)]
+    alone = fit_hardware(t, target).hardware
+    assert alone.layer_overhead_s == 0.0 and alone.overhead_s == pytest.approx(1e-3 + 30 * 2e-4)
+    assert float(forward_time(d, alone, 1, 8, 256)) > 1.6 * float(forward_time(d, true, 1, 8, 256))
+    both = fit_hardware(t, target, others=[(d, drafts)])
+    assert both.max_error < 1e-7 and len(both.relative_errors) == len(target) + len(drafts)
+    assert both.hardware.overhead_s == pytest.approx(1e-3) and both.hardware.layer_overhead_s == pytest.approx(2e-4)
+    assert Hardware.from_dict(both.hardware.to_dict()) == both.hardware
+    assert (
+        Hardware.from_dict({k: v for k, v in true.to_dict().items() if k != "layer_overhead_s"}).layer_overhead_s == 0
+    )
+
+
 def test_model_sps_is_a_table_of_whole_steps():
     s = ForwardShape.of_decoder(SMOLLM2)
     table = model_sps(s, H200, 4, [4, 8, 32], 1024, overhead_s=1e-4)

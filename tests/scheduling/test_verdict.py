@@ -42,15 +42,15 @@ def test_the_old_defect_is_gone():
 
 
 def test_a_confident_prediction_probes_late():
-    """Speculation predicted (and measured) 2.5x plain: plain decoding is first probed after 16
-    batches, then, 2.5x behind, after 16 more; a handful of batches never pay a probe."""
+    """Speculation predicted (and measured) 2.5x plain: plain decoding is first probed after 32
+    batches, then, 2.5x behind, after 1024 more; a handful of batches never pay a probe."""
     v = BatchVerdict()
     arms = []
     for _ in range(40):
         arm = v.choose(1, 2.5)
         arms.append(arm)
         v.record(1, arm, 25.0 if arm else 10.0)
-    assert [i for i, a in enumerate(arms) if not a] == [16, 33]
+    assert [i for i, a in enumerate(arms) if not a] == [32]
 
 
 def test_notices_a_change_and_keys_are_separate():
@@ -61,3 +61,32 @@ def test_notices_a_change_and_keys_are_separate():
     assert (picks[-40:] == False).mean() >= 0.9  # noqa: E712
     assert v.choose(8, 0.5) is False  # another batch size starts from its own prediction
     assert "4" in v.state()
+
+
+def test_counterfactual_plain_rates_spare_the_probes():
+    """Speculative batches also report the plain rate they estimate (their prefill plus a plain
+    step per token of their longest output): measured at 1.5x that estimate, 32 batches pay no
+    whole plain batch (without estimates plain is probed at batches 4 and 13)."""
+    for estimates, plain_batches in ((True, []), (False, [4, 13])):
+        v = BatchVerdict()
+        arms = []
+        for _ in range(32):
+            arm = v.choose(1, 1.3)
+            arms.append(arm)
+            v.record(1, arm, 15.0 if arm else 10.0, 10.0 if arm and estimates else None)
+        assert [i for i, a in enumerate(arms) if not a] == plain_batches
+        assert v.ratio(1, 1.3) == pytest.approx(1.5)
+
+
+def test_a_biased_plain_estimate_is_probed_and_corrected():
+    """The estimate puts plain decoding at 10 tokens/s while it runs at 20 (speculation 15): the
+    estimated ratio is far from even, so the first probe of plain comes late (batch 64), wins,
+    and plain decoding takes over."""
+    v = BatchVerdict()
+    arms = []
+    for _ in range(100):
+        arm = v.choose(1, 1.3)
+        arms.append(arm)
+        v.record(1, arm, 15.0 if arm else 20.0, 10.0 if arm else None)
+    first_plain = arms.index(False)
+    assert first_plain == 64 and sum(arms[first_plain:]) <= 0.1 * len(arms[first_plain:])

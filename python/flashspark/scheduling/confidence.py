@@ -69,6 +69,7 @@ def schedule_tokens(
     max_spec_len: int | None = None,
     return_theta: bool = False,
     admit: str | int = "stop",
+    padded: bool = False,
 ):
     """Drafts to verify per request, int64 [B] (0 for inactive requests).
 
@@ -79,6 +80,9 @@ def schedule_tokens(
     that no current draft enters, such as stale ones sizing a budget, or a plan from mean
     confidences), or an int N (the N leading slots of the sorted order).
     `return_theta`: also return Θ (expected tokens per second of the step) of the admission.
+    `padded`: the verify forward runs every one of the B rows as wide as the widest request
+    (flashspark's loop; `padded_columns`), rather than the T = active + admitted tokens an
+    engine packs.
     """
     B = confidence.shape[0]
     K = confidence.shape[1] if max_spec_len is None else min(max_spec_len, confidence.shape[1])
@@ -93,6 +97,11 @@ def schedule_tokens(
         return (torch.from_numpy(k_b).to(device), theta0) if return_theta else torch.from_numpy(k_b).to(device)
     rows = np.flatnonzero(active)
     a = a[rows]  # [R, K]
+    if padded:
+        w, theta = padded_columns(a, n_active, B, sps, admit)
+        k_b[rows] = w
+        out = torch.from_numpy(k_b).to(device)
+        return (out, theta) if return_theta else out
     R = rows.size
     req = np.repeat(np.arange(R), K)
     pos = np.tile(np.arange(K), R)
@@ -115,6 +124,65 @@ def schedule_tokens(
     k_b[rows] = np.bincount(req[order[:m]], minlength=R)
     out = torch.from_numpy(k_b).to(device)
     return (out, float(theta[m])) if return_theta else out
+
+
+def padded_columns(a: np.ndarray, n_active: int, rows: int, sps: SPSTable, admit: str | int) -> tuple[int, float]:
+    """(drafts every active request verifies, Θ) when the verify forward is padded: all `rows`
+    rows of the batch run as wide as its widest request, so a step verifying w drafts costs
+    1 / SPS(rows · (w + 1)) however few requests use the width, and once a width is paid its
+    columns are free to every active request. Θ(w) = (n_active + Σ_r Σ_{j≤w} a_{r,j}) ·
+    SPS(rows · (w + 1)) over the prefix survivals a [R, K] of the active requests.
+
+    Algorithm 1 over slots prices a slot as one token of T and would widen the whole batch for
+    one confident request (at 32 rows, one more draft of one request costs 32 tokens).
+
+    Lossless as Algorithm 1 is: with "stop" column j is admitted iff every column up to it
+    raised Θ, and column j's gain Σ_r a_{r,j} reads drafts 1..j-1 only. "best" (the best width;
+    for confidences no current draft enters) and an int (that many columns) as in
+    `schedule_tokens`."""
+    K = a.shape[1]
+    tau = n_active + np.concatenate([np.zeros(1), np.cumsum(a.sum(0))])  # [K + 1]
+    theta = tau * sps.rate(rows * np.arange(1, K + 2, dtype=np.float64))
+    if admit == "stop":
+        w = early_stop(theta)
+    elif admit == "best":
+        w = int(np.argmax(theta))
+    elif isinstance(admit, (int, np.integer)) and not isinstance(admit, bool) and admit >= 0:
+        w = min(int(admit), K)
+    else:
+        raise ValueError(f"admit must be 'stop', 'best' or a column count >= 0, got {admit!r}")
+    return w, float(theta[w])
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals] (0 for n = 1; 1.03 for 4, 2.04 for 32)."""
+    x = np.linspace(-8.0, 8.0, 4001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = np.clip(np.cumsum(phi) * (x[1] - x[0]), 0.0, 1.0)
+    density = n * phi * cdf ** (n - 1)
+    return float(np.sum(x * density) * (x[1] - x[0]))
+
+
+def batch_tail(survival: torch.Tensor, batch_size: int, new_tokens: int) -> float:
+    """How much longer than its mean request a batch of speculative requests runs, as a factor
+    on its steps.
+
+    A batch lasts as long as its slowest request (finished requests wait in its forwards). A
+    plain step emits one token per request, so `new_tokens` tokens take exactly that many steps
+    for every request; a speculative step emits X = 1 + accepted tokens, random (P(X > j) = the
+    prefix survival a_j of the verified drafts), so the steps to emit n tokens are a renewal
+    count: mean n / μ, variance n σ² / μ³. The slowest of B requests takes about
+    n / μ + E[max of B normals] · sqrt(n σ² / μ³) steps: a factor 1 + e_B σ / sqrt(n μ) over
+    the mean that τ alone predicts (1 at batch 1; at T = 1 with μ ≈ 1.4, 96 tokens and 32
+    requests about 1.12). Requests of unequal length only shorten the wait (the longest
+    dominates), so the factor errs toward plain decoding."""
+    a = survival.double().flatten()
+    mu = 1.0 + float(a.sum())
+    j = torch.arange(1, a.numel() + 1, dtype=torch.float64)
+    var = max(0.0, float(((2 * j - 1) * a).sum()) - (mu - 1.0) ** 2)
+    if batch_size <= 1 or new_tokens <= 0 or var == 0.0:
+        return 1.0
+    return 1.0 + expected_max_normal(batch_size) * math.sqrt(var) / math.sqrt(new_tokens * mu)
 
 
 class ConfidenceStats:
@@ -237,6 +305,17 @@ class ConfidenceScheduler(Scheduler):
     shipped prior's mean, or every draft, before there are any) and verifies that many slots
     of highest current survival.
 
+    `padded`: the step's verify forward runs all B rows as wide as the widest request (as
+    flashspark's loop does), so admission chooses a width for the batch (`padded_columns`)
+    instead of Algorithm 1's slots priced at one token each (the engines' packed forward, the
+    default).
+
+    `batch_verdict`: a batch verdict (`verdict.BatchVerdict`, as a `Decoder` keeps) decided
+    from measured tokens/s that this batch speculates: while every request is active,
+    `wants_draft` drafts (plain steps are weighed only once requests have finished). Gated
+    again by the prior that the verdict's probe is there to test, a probe of speculation would
+    run plain steps, measure plain decoding, and never learn that drafting pays.
+
     `delay` = 2 admits by the confidences of two steps earlier, as engines do so that
     scheduling adds no latency (until there are any, the prior's mean, or every draft).
 
@@ -277,6 +356,8 @@ class ConfidenceScheduler(Scheduler):
         time_steps: bool = False,
         min_gain: float = 1.1,
         admission: str = "stop",
+        padded: bool = False,
+        batch_verdict: bool = False,
     ):
         if max_spec_len < 0 or delay < 0:
             raise ValueError("max_spec_len and delay must be >= 0")
@@ -286,6 +367,8 @@ class ConfidenceScheduler(Scheduler):
         self.sps = sps
         self.delay = delay
         self.admission = admission
+        self.padded = padded
+        self.batch_verdict = batch_verdict
         # How old the confidences that decide (stop) or size (budget) a step are.
         self.age = max(delay, 1) if admission == "budget" else delay
         self.confidence_fn = confidence_fn
@@ -323,11 +406,14 @@ class ConfidenceScheduler(Scheduler):
         if self.plain_sps is None or self.stats is None or self.stats.rows < self.min_rows:
             return True
         n = int(active.sum())
+        if self.batch_verdict and n == active.numel():
+            return True  # the whole batch: the batch verdict's measurements decided
         self._since_verdict += 1
         # A verdict costs about half a millisecond of small tensor ops: redone when the load changes,
         # and every REVERDICT_STEPS iterations as confidences, outcomes and step times come in.
         if self._decision is None or self._decision[0] != n or self._since_verdict >= self.REVERDICT_STEPS:
-            self._decision = (n, self.expects_gain(conditional(self.stats.mean_survival()), max(1, n)))
+            gain = self.expects_gain(conditional(self.stats.mean_survival()), max(1, n), active.numel())
+            self._decision = (n, gain)
             self._since_verdict = 0
         return self._decision[1]
 
@@ -365,28 +451,42 @@ class ConfidenceScheduler(Scheduler):
         if observe is not None:
             observe(block, num_accepted, num_verified)
 
-    def expects_gain(self, confidence: torch.Tensor, batch_size: int) -> bool:
+    def expects_gain(self, confidence: torch.Tensor, batch_size: int, rows: int | None = None) -> bool:
         """Would `batch_size` requests with per-position confidences `confidence` [K'] beat (by min_gain)
         plain decoding? (True without a plain table.) Engines use this to switch speculation
         off for a whole batch at high load, where even plain steps inside the speculative
         loop cost more than plain decoding (they keep the drafter's cache up to date)."""
-        return self.predicted_gain(confidence, batch_size) > self.min_gain
+        return self.predicted_gain(confidence, batch_size, rows) > self.min_gain
 
-    def predicted_gain(self, confidence: torch.Tensor, batch_size: int) -> float:
-        """Speculation's expected tokens/s over plain decoding's for `batch_size` requests with
-        per-position confidences `confidence` [K'] (inf without a plain table)."""
+    def predicted_gain(
+        self, confidence: torch.Tensor, batch_size: int, rows: int | None = None, new_tokens: int | None = None
+    ) -> float:
+        """Speculation's expected tokens/s over plain decoding's for `batch_size` active requests
+        with per-position confidences `confidence` [K'] (inf without a plain table). `rows`: the
+        forward's rows when it is padded (active requests plus finished ones it still runs;
+        default `batch_size`), whose cost both a speculative and a plain step pay.
+
+        `new_tokens`: the batch decodes that many tokens per request and lasts as long as its
+        slowest request (`batch_tail`); without it, every step's tokens count (requests are
+        replaced as they finish)."""
         if self.plain_sps is None:
             return math.inf
-        active = torch.ones(batch_size, dtype=torch.bool)
-        _, theta = schedule_tokens(
-            confidence.double().expand(batch_size, -1),
+        rows = batch_size if rows is None or not self.padded else max(rows, batch_size)
+        active = torch.arange(rows) < batch_size
+        k, theta = schedule_tokens(
+            confidence.double().expand(rows, -1),
             active,
             self.sps,
             self.max_spec_len,
             return_theta=True,
             admit="stop" if self.admission == "stop" else "best",
+            padded=self.padded,
         )
-        return theta / self.step_cost_ratio() / (batch_size * float(self.plain_sps.rate(batch_size)))
+        gain = theta / self.step_cost_ratio() / (batch_size * float(self.plain_sps.rate(rows)))
+        if new_tokens is not None:
+            survival = prefix_survival(confidence.double()[None, : int(k[0])])[0]
+            gain /= batch_tail(survival, batch_size, new_tokens)
+        return gain
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """Drafts each request verifies, from this step's confidences [B, K'] (lossless: see the
@@ -400,17 +500,20 @@ class ConfidenceScheduler(Scheduler):
         # else none (verify every draft): never the current block's.
         old = self._history[0] if len(self._history) > self.age else self._stale_fallback(survival.shape)
         decide = conditional(self.stats.correct(old))
+        K, padded = self.max_spec_len, self.padded
         if self.admission == "stop":
-            k_b = schedule_tokens(decide, active, self.sps, self.max_spec_len)
+            k_b = schedule_tokens(decide, active, self.sps, K, padded=padded)
         else:
-            budget = int(schedule_tokens(decide, active, self.sps, self.max_spec_len, admit="best").sum())
+            sized = schedule_tokens(decide, active, self.sps, K, admit="best", padded=padded)
+            budget = int(sized.max() if padded else sized.sum())  # columns of a padded forward, else slots
             k_b = schedule_tokens(
-                conditional(self.stats.correct(survival)), active, self.sps, self.max_spec_len, admit=budget
+                conditional(self.stats.correct(survival)), active, self.sps, K, admit=budget, padded=padded
             )
         self.stats.add_rows(survival[active.cpu()])  # after the decision: it learns from this block
         self._last = survival
         if self._step_start is not None:  # the loop times its iterations through wants_draft
-            self._step_predicted = 1.0 / float(self.sps.rate(int(active.sum()) + int(k_b.sum())))
+            T = active.numel() * (int(k_b.max()) + 1) if self.padded else int(active.sum()) + int(k_b.sum())
+            self._step_predicted = 1.0 / float(self.sps.rate(T))
         return k_b
 
     def _stale_fallback(self, shape) -> torch.Tensor:

@@ -221,19 +221,25 @@ def profile_sps(
 class Hardware:
     """A machine as the cost model sees it: bytes move at `bandwidth_gbs`, matmul FLOPs run at
     `peak_tflops`, and every forward pays `overhead_s` besides (kernel launches or framework
-    dispatch, synchronization)."""
+    dispatch, synchronization), plus `layer_overhead_s` per layer (a layer's dozen operators
+    each dispatched from the host: on a CPU a 2-layer drafter's pass then costs a fraction of an
+    8-layer target's however small both are; 0 where a CUDA graph replays the layers)."""
 
     name: str
     bandwidth_gbs: float
     peak_tflops: float
     overhead_s: float
+    layer_overhead_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hardware":
-        return cls(**{k: d[k] for k in ("name", "bandwidth_gbs", "peak_tflops", "overhead_s")})
+        return cls(
+            **{k: d[k] for k in ("name", "bandwidth_gbs", "peak_tflops", "overhead_s")},
+            layer_overhead_s=d.get("layer_overhead_s", 0.0),
+        )
 
 
 # An H200 SXM: HBM3e at 4.8 TB/s, 989 dense bf16 TFLOP/s (the data sheet's 1979 counts 2:4
@@ -252,6 +258,7 @@ class ForwardShape:
     kv_bytes_per_token: float  # one cached token's K and V over all layers
     attention_flops_per_pair: float  # QK^T and PV over all layers, per (query, key) pair
     logits_bytes_per_token: float  # fp32 logits written per token (0 where none are)
+    layers: int = 0  # decoder layers, for the hardware's per-layer overhead
 
     @classmethod
     def of_decoder(
@@ -275,24 +282,31 @@ class ForwardShape:
             kv_bytes_per_token=kv_bytes_per_value * L * 2 * kv_dim,
             attention_flops_per_pair=4.0 * L * q_dim,
             logits_bytes_per_token=4.0 * V * head_rows,
+            layers=L,
         )
 
 
-def drafter_forward(cfg: "DecoderConfig", block_size: int, num_drafts: int, layers: int | None = None) -> ForwardShape:
+def drafter_forward(
+    cfg: "DecoderConfig", block_size: int, num_drafts: int, layers: int | None = None, bytes_per_value: float = 2.0
+) -> ForwardShape:
     """A DFlash-shaped drafter's forward: `cfg`'s layers (its first `layers`) over a block of
     `block_size` rows per request (the context K/V injected from the target), the shared LM
-    head over its `num_drafts` drafting rows."""
-    return ForwardShape.of_decoder(cfg, layers=layers, head_rows=num_drafts / block_size)
+    head over its `num_drafts` drafting rows; weights and K/V of `bytes_per_value` each."""
+    return ForwardShape.of_decoder(
+        cfg, bytes_per_value, bytes_per_value, layers=layers, head_rows=num_drafts / block_size
+    )
 
 
 def forward_time(shape: ForwardShape, hw: Hardware, batch, tokens, context):
     """Seconds of one forward of `tokens` new tokens for each of `batch` requests at `context`
-    committed ones (numbers or NumPy arrays): overhead + max(bytes / bandwidth, FLOPs / peak)."""
+    committed ones (numbers or NumPy arrays): overhead + layers x layer overhead
+    + max(bytes / bandwidth, FLOPs / peak)."""
     batch, tokens, context = (np.asarray(x, dtype=np.float64) for x in (batch, tokens, context))
     rows, keys = batch * tokens, context + tokens
     reads = shape.weight_bytes + batch * keys * shape.kv_bytes_per_token + rows * shape.logits_bytes_per_token
     flops = rows * (shape.matmul_flops_per_token + shape.attention_flops_per_pair * keys)
-    return hw.overhead_s + np.maximum(reads / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
+    fixed = hw.overhead_s + shape.layers * hw.layer_overhead_s
+    return fixed + np.maximum(reads / (hw.bandwidth_gbs * 1e9), flops / (hw.peak_tflops * 1e12))
 
 
 def model_sps(
@@ -323,30 +337,44 @@ class HardwareFit:
 
 
 def fit_hardware(
-    shape: ForwardShape, measured: Sequence[tuple[int, float, int, float]], name: str = "fitted"
+    shape: ForwardShape,
+    measured: Sequence[tuple[int, float, int, float]],
+    name: str = "fitted",
+    others: Sequence[tuple[ForwardShape, Sequence[tuple[int, float, int, float]]]] = (),
 ) -> HardwareFit:
     """The `Hardware` whose `forward_time` best fits measured forwards (batch, tokens per
-    request, context, seconds), in relative error. For a fixed split of the points between the
-    memory-bound and the compute-bound regime the model is linear in (overhead, 1 / bandwidth,
-    1 / peak): least squares, re-split by the fit, repeated to a fixed point, from every split
-    by a threshold on the FLOPs-to-bytes ratio; the best fit wins. A CPU has no data sheet that
-    predicts its PyTorch forwards: its fitted numbers are effective rates, whatever the caches,
-    threads and dispatch make of them."""
-    m = np.asarray(measured, dtype=np.float64)
-    if m.ndim != 2 or m.shape[0] < 3 or m.shape[1] != 4:
+    request, context, seconds) of `shape`, and of `others` (more models' shapes and forwards:
+    with models of different depths the per-layer overhead is fitted too), in relative error.
+    For a fixed split of the points between the memory-bound and the compute-bound regime the
+    model is linear in (overhead, layer overhead, 1 / bandwidth, 1 / peak): least squares,
+    re-split by the fit, repeated to a fixed point, from every split by a threshold on the
+    FLOPs-to-bytes ratio; the best fit wins. A CPU has no data sheet that predicts its PyTorch
+    forwards: its fitted numbers are effective rates, whatever the caches, threads and dispatch
+    make of them. `relative_errors` follow the measurements in order, `shape`'s first."""
+    groups = [(shape, measured), *others]
+    cols_of = []
+    for sh, meas in groups:
+        m = np.asarray(meas, dtype=np.float64)
+        if m.ndim != 2 or m.shape[1] != 4:
+            raise ValueError("measured forwards are (batch, tokens, context, seconds)")
+        batch, tokens, context, sec = m.T
+        rows, keys = batch * tokens, context + tokens
+        reads = sh.weight_bytes + batch * keys * sh.kv_bytes_per_token + rows * sh.logits_bytes_per_token
+        flops = rows * (sh.matmul_flops_per_token + sh.attention_flops_per_pair * keys)
+        cols_of.append((np.full_like(sec, float(sh.layers)), reads, flops, sec))
+    layers, reads, flops, seconds = (np.concatenate(x) for x in zip(*cols_of))
+    if seconds.size < 3:
         raise ValueError("fit_hardware needs at least 3 measured forwards (batch, tokens, context, seconds)")
-    batch, tokens, context, seconds = m.T
-    rows, keys = batch * tokens, context + tokens
-    reads = shape.weight_bytes + batch * keys * shape.kv_bytes_per_token + rows * shape.logits_bytes_per_token
-    flops = rows * (shape.matmul_flops_per_token + shape.attention_flops_per_pair * keys)
+    # The per-layer overhead is identifiable only beside models of another depth.
+    per_layer = np.unique(layers).size > 1
 
     def solve(memory: np.ndarray):
-        # Relative least squares on (overhead, seconds per byte, seconds per FLOP), all >= 0:
-        # a coefficient the solution makes negative is dropped and the rest solved again.
-        cols = np.stack((np.ones_like(seconds), reads * memory, flops * ~memory), 1) / seconds[:, None]
-        keep = [j for j in range(3) if cols[:, j].any()]
+        # Relative least squares on (overhead, layer overhead, seconds per byte, seconds per FLOP),
+        # all >= 0: a coefficient the solution makes negative is dropped and the rest solved again.
+        cols = np.stack((np.ones_like(seconds), layers, reads * memory, flops * ~memory), 1) / seconds[:, None]
+        keep = [j for j in range(4) if cols[:, j].any() and (j != 1 or per_layer)]
         while True:
-            x = np.zeros(3)
+            x = np.zeros(4)
             x[keep] = np.linalg.lstsq(cols[:, keep], np.ones_like(seconds), rcond=None)[0]
             if (x[keep] >= 0).all() or len(keep) == 1:
                 return np.maximum(x, 0.0)
@@ -358,16 +386,20 @@ def fit_hardware(
         memory = intensity <= threshold
         for _ in range(20):
             x = solve(memory)
-            split = reads * x[1] >= flops * x[2]
+            split = reads * x[2] >= flops * x[3]
             if (split == memory).all():
                 break
             memory = split
-        pred = x[0] + np.maximum(reads * x[1], flops * x[2])
+        pred = x[0] + layers * x[1] + np.maximum(reads * x[2], flops * x[3])
         err = pred / seconds - 1.0
         if best is None or np.square(err).sum() < np.square(best[1]).sum():
             best = (x, err)
     x, err = best
     hw = Hardware(
-        name, float(1e-9 / x[1]) if x[1] > 0 else math.inf, float(1e-12 / x[2]) if x[2] > 0 else math.inf, float(x[0])
+        name,
+        float(1e-9 / x[2]) if x[2] > 0 else math.inf,
+        float(1e-12 / x[3]) if x[3] > 0 else math.inf,
+        float(x[0]),
+        float(x[1]),
     )
     return HardwareFit(hw, err.tolist())

@@ -104,8 +104,9 @@ class Trace:
 @dataclass(frozen=True)
 class StepCosts:
     """Seconds of a loop step's parts for a batch of B requests at `context` committed tokens:
-    the drafter's forward, the target's forward over T tokens per request, and `step_overhead_s`
-    for the rest of a speculative step (verify, commit, scheduling)."""
+    the drafter's forward, the target's forward over T tokens per request, and the rest of a
+    speculative step (verify, commit, scheduling): `step_overhead_s`, or, where
+    `step_overhead_by_batch` holds measured (batch, seconds) pairs, those interpolated in B."""
 
     target: ForwardShape
     drafter: ForwardShape
@@ -113,6 +114,13 @@ class StepCosts:
     block_size: int
     context: int
     step_overhead_s: float = 0.0
+    step_overhead_by_batch: tuple = ()
+
+    def rest(self, batch: int) -> float:
+        if not self.step_overhead_by_batch:
+            return self.step_overhead_s
+        b, sec = zip(*sorted(self.step_overhead_by_batch))
+        return float(np.interp(batch, b, sec))
 
     def plain(self, batch: int) -> float:
         return float(forward_time(self.target, self.hardware, batch, 1, self.context))
@@ -120,9 +128,7 @@ class StepCosts:
     def speculative(self, batch: int, width: int) -> float:
         """A step verifying `width` tokens per request (the anchor and width - 1 drafts)."""
         draft = float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
-        return (
-            draft + float(forward_time(self.target, self.hardware, batch, width, self.context)) + self.step_overhead_s
-        )
+        return draft + float(forward_time(self.target, self.hardware, batch, width, self.context)) + self.rest(batch)
 
     def prefill(self, batch: int, prompt_len: int) -> float:
         return float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
@@ -174,9 +180,13 @@ class SchedulerPolicy:
             self.scheduler = self.make(batch_size)
         return speculate
 
-    def end_batch(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
+    def end_batch(self, batch_size: int, speculated: bool, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """A batch is done: its tokens and seconds, and the seconds plain decoding would have taken
+        on it (the verdict's counterfactual plain rate; exact here, where the cost model is the clock)."""
         if self.verdict is not None:
-            self.verdict.record(batch_size, speculated, tokens / seconds)
+            self.verdict.record(
+                batch_size, speculated, tokens / seconds, tokens / plain_seconds if speculated else None
+            )
 
     def wants_draft(self, active: np.ndarray) -> bool:
         return self.scheduler.wants_draft(torch.from_numpy(active))
@@ -231,7 +241,8 @@ def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.n
         batch = order[start : start + concurrency]
         B = len(batch)
         seconds_before = total.seconds
-        total.seconds += costs.prefill(B, int(trace.prompt_len[batch].max()))
+        prefill = costs.prefill(B, int(trace.prompt_len[batch].max()))
+        total.seconds += prefill
         left = trace.new_tokens[batch] - 1  # the prefill drew each request's first token
         total.tokens += int(trace.new_tokens[batch].sum())
         cursor = np.zeros(B, dtype=np.int64)
@@ -258,5 +269,6 @@ def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.n
             cursor += active
         end_batch = getattr(policy, "end_batch", None)
         if end_batch is not None:
-            end_batch(B, speculate, int(trace.new_tokens[batch].sum()), total.seconds - seconds_before)
+            plain_seconds = prefill + (int(trace.new_tokens[batch].max()) - 1) * costs.plain(B)
+            end_batch(B, speculate, int(trace.new_tokens[batch].sum()), total.seconds - seconds_before, plain_seconds)
     return total

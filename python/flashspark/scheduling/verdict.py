@@ -10,11 +10,20 @@ plainly in one run at 1.05x while a fixed K ran at 1.41x).
 arm False decodes plainly; each batch's measured tokens/s goes to the arm that ran it. The
 ratio of the two arms' mean tokens/s over their last `window` batches decides; an arm not yet
 measured takes the prior's predicted ratio (speculation's tokens/s over plain decoding's,
-from the scheduler's confidences and step tables). The other arm is still probed, after
-2^lost batches: `lost` starts at 1 + round(2 |log2 ratio|) for an arm never measured (a
-prediction far from even is probed late) and grows by as much after each probe it loses. An
-arm that keeps losing is probed ever more rarely (the probes cost O(log n) of n batches), one
-that wins a probe takes over, and a changed load or machine is noticed at the next probe.
+from the scheduler's confidences and step tables).
+
+**Counterfactual plain rates.** A speculative batch also says what plain decoding would have
+taken on it: its prefill plus one plain step (measured on an earlier plain batch, else the
+profiled forward) per token of its longest request. Until a plain batch is measured, that
+estimate stands for the plain arm, so a batch size where speculation clearly wins need not
+pay whole plain batches to learn it.
+
+**Probes.** The other arm is still probed, after 2^lost batches: `lost` starts at
+1 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
+late), ESTIMATE_DOUBLINGS more when the ratio rests on counterfactual estimates (they only
+miss by the plain step's error), and grows by as much after each probe it loses. An arm that
+keeps losing is probed ever more rarely (the probes cost O(log n) of n batches), one that
+wins a probe takes over, and a changed load or machine is noticed at the next probe.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from collections import deque
 
 def _backoff(ratio: float) -> int:
     """Doublings of the probe interval a measured or predicted ratio between the arms earns."""
-    return 1 + round(2 * abs(math.log2(max(ratio, 1e-9))))
+    return 1 + round(3 * abs(math.log2(max(ratio, 1e-9))))
 
 
 class _Arms:
@@ -33,6 +42,7 @@ class _Arms:
         self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent batches
         self.since = {True: 0, False: 0}  # batches since the arm last ran
         self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
+        self.plain_estimates = deque(maxlen=window)  # counterfactual plain tokens/s of speculative batches
 
     def mean(self, arm: bool) -> float | None:
         r = self.rates[arm]
@@ -40,6 +50,8 @@ class _Arms:
 
 
 class BatchVerdict:
+    ESTIMATE_DOUBLINGS = 3
+
     def __init__(self, window: int = 8):
         self.window = window
         self.arms: dict = {}
@@ -50,10 +62,18 @@ class BatchVerdict:
             self.arms[key] = _Arms(self.window)
         return self.arms[key]
 
+    def _plain(self, a: _Arms) -> tuple[float | None, bool]:
+        """The plain arm's tokens/s and whether it was measured (else estimated, or None)."""
+        if a.rates[False]:
+            return a.mean(False), True
+        e = a.plain_estimates
+        return (sum(e) / len(e), False) if e else (None, False)
+
     def ratio(self, key, predicted_gain: float) -> float:
-        """Speculation's tokens/s over plain decoding's: measured where both arms are, else predicted."""
+        """Speculation's tokens/s over plain decoding's: measured (or the plain arm estimated from
+        speculative batches) where there are both, else predicted."""
         a = self._arms(key)
-        spec, plain = a.mean(True), a.mean(False)
+        spec, (plain, _) = a.mean(True), self._plain(a)
         return spec / plain if spec is not None and plain is not None else predicted_gain
 
     def choose(self, key, predicted_gain: float) -> bool:
@@ -63,23 +83,29 @@ class BatchVerdict:
         r = self.ratio(key, predicted_gain)
         best = r >= 1.0
         other = not best
-        lost = a.lost[other] if a.lost[other] is not None else _backoff(r)
+        lost = a.lost[other]
+        if lost is None:
+            estimated = a.rates[True] and not a.rates[False] and a.plain_estimates
+            lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
         measured = bool(a.rates[True] or a.rates[False])
         probe = measured and a.since[other] >= 2**lost
         arm = other if probe else best
         self.last[key] = (arm, probe, best)
         return arm
 
-    def record(self, key, arm: bool, tokens_per_s: float) -> None:
-        """The measured tokens/s of a batch of `key` that ran `arm`."""
+    def record(self, key, arm: bool, tokens_per_s: float, plain_estimate: float | None = None) -> None:
+        """The measured tokens/s of a batch of `key` that ran `arm`; for a speculative batch,
+        optionally the tokens/s plain decoding is estimated to have reached on it."""
         a = self._arms(key)
         _, probe, best = self.last.get(key, (arm, False, arm))
-        rival = a.mean(best)
+        rival = a.mean(best) if best or a.rates[False] else self._plain(a)[0]
         if probe and arm != best and rival is not None and tokens_per_s < rival:
             a.lost[arm] = (a.lost[arm] or 0) + _backoff(rival / tokens_per_s)
         elif a.lost[arm] is None or (probe and arm != best):
             a.lost[arm] = 0  # measured now, or won its probe: probed again soon if it falls behind
         a.rates[arm].append(tokens_per_s)
+        if arm and plain_estimate is not None and plain_estimate > 0:
+            a.plain_estimates.append(plain_estimate)
         a.since[arm] = 0
         a.since[not arm] += 1
 
