@@ -62,18 +62,18 @@ class BatchVerdict:
             self.arms[key] = _Arms(self.window)
         return self.arms[key]
 
-    def _plain(self, a: _Arms) -> tuple[float | None, bool]:
-        """The plain arm's tokens/s and whether it was measured (else estimated, or None)."""
+    def _plain(self, a: _Arms) -> float | None:
+        """The plain arm's tokens/s: measured, else estimated from speculative batches, else None."""
         if a.rates[False]:
-            return a.mean(False), True
+            return a.mean(False)
         e = a.plain_estimates
-        return (sum(e) / len(e), False) if e else (None, False)
+        return sum(e) / len(e) if e else None
 
     def ratio(self, key, predicted_gain: float) -> float:
         """Speculation's tokens/s over plain decoding's: measured (or the plain arm estimated from
         speculative batches) where there are both, else predicted."""
         a = self._arms(key)
-        spec, (plain, _) = a.mean(True), self._plain(a)
+        spec, plain = a.mean(True), self._plain(a)
         return spec / plain if spec is not None and plain is not None else predicted_gain
 
     def choose(self, key, predicted_gain: float) -> bool:
@@ -98,7 +98,7 @@ class BatchVerdict:
         optionally the tokens/s plain decoding is estimated to have reached on it."""
         a = self._arms(key)
         _, probe, best = self.last.get(key, (arm, False, arm))
-        rival = a.mean(best) if best or a.rates[False] else self._plain(a)[0]
+        rival = a.mean(True) if best else self._plain(a)
         if probe and arm != best and rival is not None and tokens_per_s < rival:
             a.lost[arm] = (a.lost[arm] or 0) + _backoff(rival / tokens_per_s)
         elif a.lost[arm] is None or (probe and arm != best):
