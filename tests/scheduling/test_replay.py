@@ -117,3 +117,18 @@ def test_confidence_scheduler_replays_on_a_source(recorded):
     policy = SchedulerPolicy("dspark head", make, lambda rows, tr: tr.sources["dspark_head"][rows])
     got = replay(trace, policy, 2, costs)
     assert got.tokens == int(trace.new_tokens.sum()) and 1.0 <= got.tau <= replay(trace, FixedPolicy(K), 2, costs).tau
+
+
+@pytest.mark.parametrize("k", [0, 2, 7])
+def test_fixed_k_in_closed_form_is_the_step_loop(recorded, k):
+    """`replay` of a fixed K skips the step loop (a request's steps do not depend on the
+    others'); every count and the seconds equal the loop's, for any batch size and order."""
+    trace = Trace.load(recorded / "tiny_dflash2_t0.npz")
+    costs = costs_for(trace)
+    order = np.random.default_rng(k).permutation(trace.requests)
+    for c in (1, 3, 8):
+        fast = replay(trace, FixedPolicy(k), c, costs, order)
+        loop = replay(trace, FixedPolicy(k), c, costs, order, fast=False)
+        counts = ("tokens", "steps", "accepted", "iterations", "plain_steps", "verified")
+        assert [getattr(fast, f) for f in counts] == [getattr(loop, f) for f in counts]
+        assert fast.seconds == pytest.approx(loop.seconds, rel=1e-12)

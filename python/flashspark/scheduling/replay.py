@@ -231,11 +231,16 @@ def outcome(k: np.ndarray, accepted: np.ndarray) -> np.ndarray:
     return np.minimum(k, accepted)
 
 
-def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.ndarray | None = None) -> Replayed:
+def replay(
+    trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.ndarray | None = None, fast: bool = True
+) -> Replayed:
     """Decode the trace's requests (in `order`, default as recorded) in batches of
-    `concurrency` under `policy`, priced by `costs` (module docstring)."""
+    `concurrency` under `policy`, priced by `costs` (module docstring). A `FixedPolicy` is
+    replayed in closed form unless `fast` is False (the same numbers, step by step)."""
     per_request = trace.rows_of()
     order = np.arange(trace.requests) if order is None else np.asarray(order)
+    if fast and type(policy) is FixedPolicy:
+        return _replay_fixed(trace, policy.k, concurrency, costs, order, per_request)
     total = Replayed(0, 0.0, 0, 0, 0)
     for start in range(0, len(order), concurrency):
         batch = order[start : start + concurrency]
@@ -271,4 +276,34 @@ def replay(trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.n
         if end_batch is not None:
             plain_seconds = prefill + (int(trace.new_tokens[batch].max()) - 1) * costs.plain(B)
             end_batch(B, speculate, int(trace.new_tokens[batch].sum()), total.seconds - seconds_before, plain_seconds)
+    return total
+
+
+def _replay_fixed(
+    trace: Trace, k: int, concurrency: int, costs: StepCosts, order: np.ndarray, per_request: list[np.ndarray]
+) -> Replayed:
+    """`replay` of a fixed K without the step loop. Each request's steps do not depend on the
+    others': it cycles through its recorded rows, each emitting outcome(K, accepted) + 1
+    tokens, until its tokens are out. A batch runs as many iterations as its slowest request
+    needs, each one a step verifying K + 1 tokens per request (or a plain step, K = 0)."""
+    k = min(k, trace.width)
+    left = trace.new_tokens - 1  # the prefill drew each request's first token
+    steps = np.zeros(trace.requests, dtype=np.int64)
+    accepted = np.zeros(trace.requests, dtype=np.int64)
+    for r, rows in enumerate(per_request):
+        if left[r] <= 0 or not len(rows):
+            continue
+        cycle = rows[np.arange(left[r]) % len(rows)]  # enough: every step emits at least one token
+        emitted = np.cumsum(outcome(np.full(len(cycle), k), trace.accepted[cycle]) + 1)
+        steps[r] = int(np.searchsorted(emitted, left[r])) + 1  # the first step that reaches it
+        accepted[r] = int(emitted[steps[r] - 1]) - steps[r]
+    total = Replayed(0, 0.0, int(steps.sum()), int(accepted.sum()), 0, verified=k * int(steps.sum()))
+    for start in range(0, len(order), concurrency):
+        batch = order[start : start + concurrency]
+        B, iterations = len(batch), int(steps[batch].max())
+        step = costs.speculative(B, k + 1) if k > 0 else costs.plain(B)
+        total.seconds += costs.prefill(B, int(trace.prompt_len[batch].max())) + iterations * step
+        total.tokens += int(trace.new_tokens[batch].sum())
+        total.iterations += iterations
+        total.plain_steps += 0 if k > 0 else iterations
     return total
