@@ -59,22 +59,17 @@ DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
 PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
 
 
-def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, float | tuple, str, float]:
-    """(hardware, rest of a speculative step: seconds or (batch, seconds) pairs, label, bytes per
-    weight and K/V value):
-    the H200's description (bf16), or this CPU's fit for the target (bench/cost_fit.py's JSON,
-    `path` or the committed one; the bytes its rates were fitted with)."""
+def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, tuple, str, float]:
+    """(hardware, rest of a speculative step as (batch, seconds) pairs, label, bytes per weight
+    and K/V value): the H200's description (bf16, no rest), or this CPU's fit for the target
+    (bench/cost_fit.py's JSON, `path` or the committed one; the bytes its rates were fitted with)."""
     if name == "h200":
-        return costs.H200, 0.0, "projection", 2.0
+        return costs.H200, (), "projection", 2.0
     path = Path(path) if path else RESULTS / f"cost_model_{target}_cpu.json"
     if not path.is_file():
         raise FileNotFoundError(f"no fitted CPU description {path}: run python bench/cost_fit.py --model {target}")
     fit = json.loads(path.read_text())
-    rest = (
-        tuple(map(tuple, fit["step_overhead_by_batch"]))
-        if fit.get("step_overhead_by_batch")
-        else fit["step_overhead_s"]
-    )
+    rest = tuple(map(tuple, fit.get("step_overhead_by_batch") or [[1, fit["step_overhead_s"]]]))
     return costs.Hardware.from_dict(fit["hardware"]), rest, "replay", fit.get("bytes_per_value", 2.0)
 
 
@@ -169,14 +164,15 @@ def _tensor(x):
 def step_costs(
     trace: Trace,
     hardware: costs.Hardware,
-    step_overhead_s: float | tuple = 0.0,
+    step_overhead: tuple = (),
     setting: str = "traced",
     bytes_per_value: float = 2.0,
 ) -> StepCosts:
     """The step costs of the trace's own target and drafter, or (`setting` "qwen3-8b") of a
     Qwen3-8B-sized target with a drafter of the published DFlash drafters' relative size (5
     layers at the target's width), drafting the trace's block size; weights and K/V of
-    `bytes_per_value` (what the hardware's rates were fitted with)."""
+    `bytes_per_value` (what the hardware's rates were fitted with); `step_overhead` as in
+    `StepCosts`."""
     block, drafts = trace.meta["block_size"], trace.meta["drafts_per_block"]
     b = bytes_per_value
     if setting == "qwen3-8b":
@@ -186,9 +182,7 @@ def step_costs(
         target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]), b, b)
         drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts, None, b)
     context = int(np.median(trace.ctx_len))
-    if isinstance(step_overhead_s, tuple):
-        return StepCosts(target, drafter, hardware, block, context, step_overhead_by_batch=step_overhead_s)
-    return StepCosts(target, drafter, hardware, block, context, step_overhead_s)
+    return StepCosts(target, drafter, hardware, block, context, step_overhead)
 
 
 def run(args) -> dict:

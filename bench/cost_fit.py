@@ -8,8 +8,10 @@ overhead to both (`fit_hardware`), then measure whole loop steps against the fit
 
 Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every measurement
 with its relative error, the fit's RMS and worst error, and the rest of a loop step (verify,
-commit, scheduling) measured as a step's time minus its two modelled forwards:
-`step_overhead_s`, which the replay adds to each speculative step (bench/combo_replay.py --cost-model cpu). Run it on an otherwise idle machine.
+commit, scheduling) measured as a step's time minus its two modelled forwards, per batch size
+(`step_overhead_by_batch`, which the replay interpolates and adds to each speculative step:
+bench/combo_replay.py --cost-model cpu) and their median (`step_overhead_s`). Run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations

@@ -36,28 +36,28 @@ from flashspark.scheduling.replay import FixedPolicy, Trace, replay
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def policy_for(method: str, traces: dict, hardware, rest: float, target: str, elem: float):
-    """(trace, policy) replaying an `e2e_bench` method, or a ValueError for one the replay cannot."""
-    any_trace = next(iter(traces.values()))
-    if method == "ar":
-        return any_trace, FixedPolicy(0)
-    spec = parse_method(method)
-    if spec.drafter not in traces:
+def policy_for(method: str, traces: dict, hardware, rest: tuple, target: str, elem: float):
+    """(trace, step costs, policy) replaying an `e2e_bench` method, or a ValueError for one the
+    replay cannot."""
+    spec = None if method == "ar" else parse_method(method)
+    if spec is not None and spec.drafter not in traces:
         raise ValueError(f"{method}: no {spec.drafter} trace")
-    tr = traces[spec.drafter]
+    tr = next(iter(traces.values())) if spec is None else traces[spec.drafter]
+    sc = step_costs(tr, hardware, rest, bytes_per_value=elem)
+    if spec is None:
+        return tr, sc, FixedPolicy(0)
     if spec.tree or spec.path != "auto":
         raise ValueError(f"{method}: the traces hold chains of the default path mode")
     if spec.scheduler == "fixed":
-        return tr, FixedPolicy(tr.width if spec.k is None else min(spec.k, tr.width))
+        return tr, sc, FixedPolicy(tr.width if spec.k is None else min(spec.k, tr.width))
     if spec.delay or spec.admission != "stop" or not spec.plain_steps or not spec.online or spec.k is not None:
         raise ValueError(f"{method}: the replay runs the confidence scheduler with its default options only")
     source = "dspark_head" if spec.drafter == "dspark" else "proxy"
     name = f"{NAMES[spec.drafter]} + scheduler"
-    sc = step_costs(tr, hardware, rest, bytes_per_value=elem)
-    return tr, scheduler_policy(name, tr, sc, drafter_dir(target, spec.drafter), source, spec.price == "padded")
+    return tr, sc, scheduler_policy(name, tr, sc, drafter_dir(target, spec.drafter), source, spec.price == "padded")
 
 
-def check(e2e: dict, traces_dir: Path, target: str, hardware, rest: float, elem: float, tolerance: float) -> list[dict]:
+def check(e2e: dict, traces_dir: Path, target: str, hardware, rest: tuple, elem: float, tolerance: float) -> list[dict]:
     t = float(e2e["temperature"])
     traces = {}
     for d in NAMES:
@@ -79,8 +79,7 @@ def check(e2e: dict, traces_dir: Path, target: str, hardware, rest: float, elem:
     concurrency = sorted({c for _, c in measured})
     rates: dict[str, dict[int, list[float]]] = {}
     for method in e2e["methods"]:
-        tr, policy = policy_for(method, traces, hardware, rest, target, elem)
-        sc = step_costs(tr, hardware, rest, bytes_per_value=elem)
+        tr, sc, policy = policy_for(method, traces, hardware, rest, target, elem)
         rates[method] = {
             c: [replay(tr, policy, c, sc, requests).tokens_per_s for _ in range(e2e["repeats"])] for c in concurrency
         }
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
         "label": "REPLAY against measured",
         "target": args.target,
         "hardware": hardware.to_dict(),
-        "step_overhead_s": rest if isinstance(rest, float) else dict(rest),
+        "step_overhead_by_batch": [list(p) for p in rest],
         "e2e_files": [str(x) for x in args.e2e],
         "tolerance": args.tolerance,
         "agree": agree,

@@ -105,21 +105,20 @@ class Trace:
 class StepCosts:
     """Seconds of a loop step's parts for a batch of B requests at `context` committed tokens:
     the drafter's forward, the target's forward over T tokens per request, and the rest of a
-    speculative step (verify, commit, scheduling): `step_overhead_s`, or, where
-    `step_overhead_by_batch` holds measured (batch, seconds) pairs, those interpolated in B."""
+    speculative step (verify, commit, scheduling): `step_overhead`, measured (batch, seconds)
+    pairs interpolated in B (none: 0)."""
 
     target: ForwardShape
     drafter: ForwardShape
     hardware: Hardware
     block_size: int
     context: int
-    step_overhead_s: float = 0.0
-    step_overhead_by_batch: tuple = ()
+    step_overhead: tuple = ()
 
     def rest(self, batch: int) -> float:
-        if not self.step_overhead_by_batch:
-            return self.step_overhead_s
-        b, sec = zip(*sorted(self.step_overhead_by_batch))
+        if not self.step_overhead:
+            return 0.0
+        b, sec = zip(*sorted(self.step_overhead))
         return float(np.interp(batch, b, sec))
 
     def plain(self, batch: int) -> float:
