@@ -59,18 +59,35 @@ DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
 PUBLISHED = {"speedup": 4.86, "tau": 6.49, "source": "DFlash, Qwen3-8B, H200, T = 0, batch 1 (its paper's average)"}
 
 
-def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, tuple, str, float]:
-    """(hardware, rest of a speculative step as (batch, seconds) pairs, label, bytes per weight
-    and K/V value): the H200's description (bf16, no rest), or this CPU's fit for the target
-    (bench/cost_fit.py's JSON, `path` or the committed one; the bytes its rates were fitted with)."""
+def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.Hardware, dict | None, str, float]:
+    """(hardware, measured rest of each kind of step or None, label, bytes per weight and K/V
+    value): the H200's description (bf16, no rest), or this CPU's fit for the target
+    (bench/cost_fit.py's JSON, `path` or the committed one: its `step_rest`, and the bytes its
+    rates were fitted with)."""
     if name == "h200":
-        return costs.H200, (), "projection", 2.0
+        return costs.H200, None, "projection", 2.0
     path = Path(path) if path else RESULTS / f"cost_model_{target}_cpu.json"
     if not path.is_file():
         raise FileNotFoundError(f"no fitted CPU description {path}: run python bench/cost_fit.py --model {target}")
     fit = json.loads(path.read_text())
-    rest = tuple(map(tuple, fit.get("step_overhead_by_batch") or [[1, fit["step_overhead_s"]]]))
-    return costs.Hardware.from_dict(fit["hardware"]), rest, "replay", fit.get("bytes_per_value", 2.0)
+    if "step_rest" not in fit:
+        raise ValueError(f"{path} has no measured step rests (an older cost_fit.py): run it again")
+    return costs.Hardware.from_dict(fit["hardware"]), fit["step_rest"], "replay", fit.get("bytes_per_value", 2.0)
+
+
+def step_rest(rest: dict | None, drafter: str, temperature: float) -> tuple[tuple, tuple]:
+    """(speculative, plain) rests of a step as (batch, seconds) pairs for `drafter`'s steps at
+    the measured temperature nearest `temperature` (`StepCosts`; none without a measurement)."""
+    if not rest:
+        return (), ()
+    if drafter not in rest["speculative"]:
+        raise ValueError(f"the cost model has no measured {drafter} steps: run bench/cost_fit.py with it")
+
+    def nearest(by_t: dict) -> tuple:
+        key = min(by_t, key=lambda t: abs(float(t) - temperature))
+        return tuple(map(tuple, by_t[key]))
+
+    return nearest(rest["speculative"][drafter]), nearest(rest["plain"])
 
 
 def drafter_dir(target: str, drafter: str) -> Path:
@@ -109,11 +126,14 @@ def scheduler_policy(
     tables: dict[int, tuple] = {}
 
     def sps(batch_size: int):
+        # The scheduler's tables priced as the replay prices its steps: a whole speculative step
+        # at each verify width, and a plain step.
         if batch_size not in tables:
-            widths = [batch_size * w for w in range(1, K + 2)]
-            overhead = step.speculative(batch_size, 1) - step.plain(batch_size)  # drafting and the step's rest
-            spec = costs.model_sps(step.target, step.hardware, batch_size, widths, step.context, overhead)
-            plain = costs.model_sps(step.target, step.hardware, batch_size, [batch_size], step.context)
+            widths = range(1, K + 2)
+            spec = costs.SPSTable(
+                [batch_size * w for w in widths], [1 / step.speculative(batch_size, w) for w in widths]
+            )
+            plain = costs.SPSTable([batch_size], [1 / step.plain(batch_size)])
             tables[batch_size] = (spec, plain)
         return tables[batch_size]
 
@@ -164,15 +184,15 @@ def _tensor(x):
 def step_costs(
     trace: Trace,
     hardware: costs.Hardware,
-    step_overhead: tuple = (),
+    rest: dict | None = None,
     setting: str = "traced",
     bytes_per_value: float = 2.0,
 ) -> StepCosts:
     """The step costs of the trace's own target and drafter, or (`setting` "qwen3-8b") of a
     Qwen3-8B-sized target with a drafter of the published DFlash drafters' relative size (5
     layers at the target's width), drafting the trace's block size; weights and K/V of
-    `bytes_per_value` (what the hardware's rates were fitted with); `step_overhead` as in
-    `StepCosts`."""
+    `bytes_per_value` (what the hardware's rates were fitted with); the rest of each kind of
+    step measured for the trace's drafter and temperature (`cost_model`, `step_rest`)."""
     block, drafts = trace.meta["block_size"], trace.meta["drafts_per_block"]
     b = bytes_per_value
     if setting == "qwen3-8b":
@@ -182,7 +202,8 @@ def step_costs(
         target = costs.ForwardShape.of_decoder(DecoderConfig.from_dict(trace.meta["target_config"]), b, b)
         drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts, None, b)
     context = int(np.median(trace.ctx_len))
-    return StepCosts(target, drafter, hardware, block, context, step_overhead)
+    speculative, plain = step_rest(rest, trace.meta["drafter"], float(trace.meta["temperature"]))
+    return StepCosts(target, drafter, hardware, block, context, speculative, plain)
 
 
 def run(args) -> dict:

@@ -7,11 +7,11 @@ overhead to both (`fit_hardware`), then measure whole loop steps against the fit
     python bench/cost_fit.py --model smollm2 --dtype float32
 
 Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every measurement
-with its relative error, the fit's RMS and worst error, and the rest of a loop step (verify,
-commit, scheduling) measured as a step's time minus its two modelled forwards, per batch size
-(`step_overhead_by_batch`, which the replay interpolates and adds to each speculative step:
-bench/combo_replay.py --cost-model cpu) and their median (`step_overhead_s`). Run it on an
-otherwise idle machine.
+with its relative error, the fit's RMS and worst error, and `step_rest`: the rest of each kind
+of loop step beyond its modelled forwards (a speculative step of each drafter, a plain decoding
+step), measured in the loops' own code per temperature and batch size at the traces' context
+(`step_rests`). The replay adds it to every step it prices (bench/combo_replay.py --cost-model
+cpu). Run it on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -23,15 +23,19 @@ import time
 from pathlib import Path
 
 import e2e_bench
+import numpy as np
 import targets
 import timing
 import torch
 from flashspark.cli.common import check_args
 from flashspark.decoding.loop import prefill
+from flashspark.decoding.plain import generate
 from flashspark.methods import load_method_drafter, measured_step_seconds
 from flashspark.scheduling import costs
+from flashspark.scheduling.replay import Trace
 
 RESULTS = Path(__file__).resolve().parent / "results"
+TRACES = RESULTS / "traces"
 
 
 @torch.no_grad()
@@ -49,6 +53,65 @@ def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> fl
     return statistics.median(times)
 
 
+@torch.no_grad()
+def plain_step_seconds(target, batch: int, context: int, temperature: float, steps: int = 24) -> float:
+    """Wall seconds of one step of plain decoding (`generate`: the forward, sampling, the
+    loop's bookkeeping) for `batch` requests from `context` random prompt tokens."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, target.config.vocab_size, (batch, context), generator=gen).tolist()
+    generate(target, prompts, max_new_tokens=2, temperature=temperature)  # warm-up
+    _, st = generate(target, prompts, max_new_tokens=steps, temperature=temperature)
+    return st["decode_seconds"] / max(1, st["forwards"])
+
+
+def trace_context(name: str) -> int | None:
+    """The median committed context of the target's committed traces (what the replay prices
+    every step at), if there are any."""
+    lens = [np.median(Trace.load(p).ctx_len) for p in sorted(TRACES.glob(f"{name}_*.npz"))]
+    return int(np.median(lens)) if lens else None
+
+
+def step_rests(args, target, shape, hw, elem: float, name: str) -> tuple[dict, list[dict]]:
+    """The rest of each kind of loop step beyond its modelled forwards, measured in the loops'
+    own code at the traces' context: a speculative step of each drafter (drafting and verifying
+    every draft) minus the modelled drafter pass and verify forward, and a plain decoding step
+    minus the modelled one-token forward; per temperature (sampling costs a step more) and
+    batch size, each the median of `--step-repeats` short runs. A rest is negative where the
+    fit overprices the step's forwards (a one-token forward on this CPU, cheaper than the fit's
+    shape puts it): added to the modelled forwards it gives the measured step back."""
+    ctx = args.step_context or trace_context(name) or args.contexts[-1]
+    rest = {"context": ctx, "repeats": args.step_repeats, "speculative": {}, "plain": {}}
+    checks = []
+    drafters = {d: load_method_drafter(d, target) for d in args.step_drafters}
+    for t in args.temperatures:
+        key = f"{t:g}"
+        rest["plain"][key] = []
+        for b in args.batches:
+            step = statistics.median(plain_step_seconds(target, b, ctx, t) for _ in range(args.step_repeats))
+            model = float(costs.forward_time(shape, hw, b, 1, ctx))
+            rest["plain"][key].append([b, step - model])
+            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})
+            print(f"T {t:g} batch {b}: plain step {1e3 * step:.2f} ms, model forward {1e3 * model:.2f}", flush=True)
+        for d, drafter in drafters.items():
+            shape_d = costs.drafter_forward(
+                drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem
+            )
+            rest["speculative"].setdefault(d, {})[key] = []
+            for b in args.batches:
+                step = statistics.median(
+                    measured_step_seconds(target, drafter, b, context_len=ctx, temperature=t)
+                    for _ in range(args.step_repeats)
+                )
+                draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
+                verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
+                rest["speculative"][d][key].append([b, step - draft - verify])
+                checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step,
+                               "draft_model_s": draft, "verify_model_s": verify})  # fmt: skip
+                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms, model draft {1e3 * draft:.2f} "
+                      f"+ verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
+    return rest, checks
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     targets.add_target_args(p)
@@ -57,6 +120,15 @@ def main(argv=None) -> int:
     p.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8], help="tokens per request")
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 256])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--step-context",
+        type=int,
+        default=None,
+        help="context of the loop-step measurements (default: the median of the target's committed traces)",
+    )
+    p.add_argument("--step-drafters", nargs="+", default=["dflash", "dflash2", "dspark"])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--step-repeats", type=int, default=3, help="runs per loop-step measurement (the median)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
@@ -98,17 +170,7 @@ def main(argv=None) -> int:
     fit = costs.fit_hardware(shape, measured, label, others=[(shape_d, drafted)])
     hw = fit.hardware
     print(f"fit: {hw}; relative error RMS {fit.rms_error:.3f}, worst {fit.max_error:.3f}")
-    # The check the fit was not made on: whole loop steps, whose rest (verify, commit,
-    # scheduling: beyond the two forwards) the replay adds to each speculative step.
-    ctx = args.contexts[-1]
-    checks = []
-    for b in args.batches:
-        draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
-        step = measured_step_seconds(target, drafter, b, context_len=ctx)
-        verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
-        checks.append({"batch": b, "step_s": step, "draft_model_s": draft, "verify_model_s": verify,
-                       "step_rest_s": max(0.0, step - draft - verify)})  # fmt: skip
-        print(f"batch {b}: step {1e3 * step:.2f} ms, model draft {1e3 * draft:.2f} + verify {1e3 * verify:.2f} ms")
+    rest, checks = step_rests(args, target, shape, hw, elem, name)
     result = {
         **timing.result_header("cost_fit", "cost_fit.py", argv, "cpu", dtype),
         "target": bench_target.label,
@@ -122,11 +184,10 @@ def main(argv=None) -> int:
             )
         ],
         "drafter": args.drafter,
+        # What the replay adds to each modelled step (combo_replay.step_costs): per step kind,
+        # drafter and temperature, (batch, seconds) pairs it interpolates in the batch size.
+        "step_rest": rest,
         "checks": checks,
-        # The rest of a speculative step beyond its two forwards, added by the replay.
-        "step_overhead_s": statistics.median(c["step_rest_s"] for c in checks),
-        # ... per batch size (the replay interpolates: the rest grows with the batch's rows)
-        "step_overhead_by_batch": [[c["batch"], c["step_rest_s"]] for c in checks],
     }
     out = Path(args.out) if args.out else RESULTS / f"cost_model_{name}_cpu.json"
     timing.save_result(result, out)

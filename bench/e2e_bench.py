@@ -100,14 +100,15 @@ def prompt_lengths(prompts: list[list[int]]) -> dict:
     return {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)}
 
 
-def run(args, target: targets.BenchTarget | None = None, methods=None) -> dict:
-    """One task at one temperature: every method at every concurrency (target and methods may be given)."""
+def run(args, target: targets.BenchTarget | None = None, methods=None, prompts=None) -> dict:
+    """One task at one temperature: every method at every concurrency (target, methods and the
+    prompts, token lists of `args.task`, may be given)."""
     bench_target = target or load_target(args)
     targets.check_tasks(bench_target, [args.task])
     target = bench_target.model
     device, dtype = target.model.embed_tokens.weight.device, target.model.embed_tokens.weight.dtype
     n_prompts = max(max(args.concurrency), args.min_prompts)
-    prompts = bench_target.heldout_prompts(args.task, n_prompts, args.prompt_tokens)
+    prompts = prompts or bench_target.heldout_prompts(args.task, n_prompts, args.prompt_tokens)
     methods = methods or make_methods(args, target)
     for decode in methods.values():  # warm up allocator and kernels; profile SPS tables before any timing
         decode(prompts[:2], 8, args.temperature, 0)
@@ -195,6 +196,7 @@ def run(args, target: targets.BenchTarget | None = None, methods=None) -> dict:
         "temperature": args.temperature,
         "min_prompts": args.min_prompts,
         "prompts": len(prompts),
+        "prompt_ids": prompts,  # what was decoded (bench/replay_check.py replays the same requests)
         "decoding": "no early stop; best of repeats; every row decodes the same prompts, in batches of c",
         "repeats": args.repeats,
         "methods": list(methods),
@@ -276,7 +278,7 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--methods",
@@ -313,6 +315,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--out", default=None, help="JSON path (default bench/results/e2e_bench[_<target>][_quick][_t1].json)"
     )
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     args.methods = apply_tree(p, args)
     if args.quick:

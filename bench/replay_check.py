@@ -2,21 +2,30 @@
 same concurrencies and repeats, priced by this machine's fitted cost model, and compare the
 speedups over plain decoding.
 
-    python bench/cost_fit.py                                                  # this CPU's description
-    python bench/e2e_bench.py --task code --min-prompts 16 --concurrency 1 2 4 8 --repeats 3 \
-        --methods ar dflash dflash:k=3 dflash2 dspark dspark:sched=confidence dflash2:sched=confidence \
-        --out runs/e2e_code_t0.json                                           # (and --temperature 1)
-    python bench/replay_check.py runs/e2e_code_t0.json runs/e2e_code_t1.json  # -> bench/results/replay_check_tiny.json
+    python bench/cost_fit.py                                   # this CPU's forward model
+    python bench/replay_check.py --measure                     # -> bench/results/replay_check_tiny.json
+    python bench/replay_check.py runs/e2e_code_t0.json ...     # against e2e_bench files already measured
 
-For each row of each `e2e_bench` JSON the replay decodes the trace's requests of that task (the
-first `prompts` of them, in order, in batches of c) under the row's method: plain decoding,
-a fixed K of a drafter (its trace cut at K), or DSpark's scheduler on DSpark's head or the
-DFlash 2 proxy with a `Decoder`'s batch verdict, one policy per method carried across
-concurrencies and repeats as `e2e_bench` carries its decoders. The replayed speedup is the
-median over repeats of the method's tokens/s over plain's, as `e2e_bench`'s paired speedup.
-Agreement: within ±10% (`--tolerance`) in every cell. The traces must come from the same
-drafters, prompts and max_new_tokens (checked) and the same stopping rule: `e2e_bench` decodes
-`max_new_tokens` per request with no early stop, which the tiny target's traces do too.
+This machine's speed drifts by tens of percent within minutes (a shared host: the same
+`e2e_bench` row's repeats spread 10-60%), so prices measured in one spell and speedups in
+another disagree whatever the model. `--measure` therefore measures in rounds: the rest of
+every kind of loop step (cost_fit's `step_rests`: the level the fitted forward model misses)
+and then one repeat of every method under `e2e_bench`, one after the other in one process; the
+replay prices each round's repeats with that round's rests. The forward model itself (the fitted
+`Hardware`, which shapes a step's cost over verify widths, contexts and batch sizes) comes from
+the cost file, as in every replay.
+
+For each row the replay decodes the trace's requests of that task (the first `prompts` of
+them, in order, in batches of c) under the row's method: plain decoding, a fixed K of a drafter
+(its trace cut at K), or DSpark's scheduler on DSpark's head or the DFlash 2 proxy with a
+`Decoder`'s batch verdict, one policy per method carried across concurrencies, repeats and
+rounds as `e2e_bench` carries its decoders. Each cell compares a replayed speedup with the
+measured one of the same kind (`--compare`): the median over repeats of the ratio to plain
+decoding's repeat beside it (`e2e_bench`'s "paired"; the default), or the best repeat over
+plain decoding's best; the table shows both. Agreement: within ±10% (`--tolerance`) in every
+cell. The traces must come from the same drafters, prompts and max_new_tokens (checked) and the
+same stopping rule: `e2e_bench` decodes `max_new_tokens` per request with no early stop, which
+the tiny target's traces do too.
 """
 
 from __future__ import annotations
@@ -31,12 +40,15 @@ import numpy as np
 import timing
 from combo_replay import NAMES, TRACES, cost_model, drafter_dir, scheduler_policy, step_costs
 from flashspark.methods import parse_method
+from flashspark.scheduling import costs
 from flashspark.scheduling.replay import FixedPolicy, Trace, replay
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Plain decoding, fixed K of every drafter (DFlash also at K = 3), both confidence schedulers.
+METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence", "dflash2:sched=confidence"]
 
 
-def policy_for(method: str, traces: dict, hardware, rest: tuple, target: str, elem: float):
+def policy_for(method: str, traces: dict, hardware, rest: dict, target: str, elem: float):
     """(trace, step costs, policy) replaying an `e2e_bench` method, or a ValueError for one the
     replay cannot."""
     spec = None if method == "ar" else parse_method(method)
@@ -57,77 +69,193 @@ def policy_for(method: str, traces: dict, hardware, rest: tuple, target: str, el
     return tr, sc, scheduler_policy(name, tr, sc, drafter_dir(target, spec.drafter), source, spec.price == "padded")
 
 
-def check(e2e: dict, traces_dir: Path, target: str, hardware, rest: tuple, elem: float, tolerance: float) -> list[dict]:
-    t = float(e2e["temperature"])
+def load_traces(traces_dir: Path, target: str, temperature: float) -> dict:
     traces = {}
     for d in NAMES:
-        path = traces_dir / f"{target}_{d}_t{t:g}.npz"
+        path = traces_dir / f"{target}_{d}_t{temperature:g}.npz"
         if path.is_file():
             traces[d] = Trace.load(path)
     if not traces:
-        raise FileNotFoundError(f"no {target} traces at T = {t:g} in {traces_dir}")
+        raise FileNotFoundError(f"no {target} traces at T = {temperature:g} in {traces_dir}")
+    return traces
+
+
+def decoded_requests(trace: Trace, e2e: dict) -> np.ndarray:
+    """The trace's requests an `e2e_bench` run decoded, in its order: found by their prompts
+    where the run records them, else its task's first `prompts` requests (the tiny target's
+    held-out prompts are spread over the set, so only the same count selects the same ones)."""
+    task = trace.meta["tasks"].index(e2e["task"])
+    of_task = np.flatnonzero(np.array(trace.meta["task_of_request"]) == task)
+    if "prompt_ids" not in e2e:
+        if len(of_task) < e2e["prompts"]:
+            raise ValueError(f"the traces hold {len(of_task)} {e2e['task']} prompts, the e2e run {e2e['prompts']}")
+        return of_task[: e2e["prompts"]]
+    index = {tuple(p): r for r, p in enumerate(trace.prompts())}
+    missing = sum(tuple(p) not in index for p in e2e["prompt_ids"])
+    if missing:
+        raise ValueError(f"{missing} of the e2e run's {len(e2e['prompt_ids'])} prompts are not in the traces")
+    return np.array([index[tuple(p)] for p in e2e["prompt_ids"]])
+
+
+def check(
+    rounds: list[tuple[dict, dict]],
+    traces_dir: Path,
+    target: str,
+    hardware,
+    elem: float,
+    tolerance: float,
+    compare: str = "best",
+) -> list[dict]:
+    """Rows of the check for `rounds`: (an `e2e_bench` result, the step rests measured beside it)
+    pairs of one task and temperature. Each repeat of a round is replayed at its round's step
+    prices, in the order `e2e_bench` ran them (concurrency, then repeat, then method), one
+    policy per method carried through all of them as its decoder was."""
+    e2e = rounds[0][0]
+    t = float(e2e["temperature"])
+    traces = load_traces(traces_dir, target, t)
     meta = next(iter(traces.values())).meta
     if meta["max_new_tokens"] != e2e["max_new_tokens"]:
         raise ValueError(f"traces decode {meta['max_new_tokens']} new tokens, the e2e run {e2e['max_new_tokens']}")
     if meta.get("eos_id") is not None:
         raise ValueError("the traces stop at EOS while e2e_bench decodes max_new_tokens: record them without it")
-    task = meta["tasks"].index(e2e["task"])
-    requests = np.flatnonzero(np.array(meta["task_of_request"]) == task)[: e2e["prompts"]]
-    if len(requests) < e2e["prompts"]:
-        raise ValueError(f"the traces hold {len(requests)} {e2e['task']} prompts, the e2e run {e2e['prompts']}")
-    measured = {(r["method"], r["concurrency"]): r["speedup_paired"] for r in e2e["results"]}
-    concurrency = sorted({c for _, c in measured})
-    rates: dict[str, dict[int, list[float]]] = {}
-    for method in e2e["methods"]:
-        tr, sc, policy = policy_for(method, traces, hardware, rest, target, elem)
-        rates[method] = {
-            c: [replay(tr, policy, c, sc, requests).tokens_per_s for _ in range(e2e["repeats"])] for c in concurrency
-        }
-    rows = []
-    for method in e2e["methods"]:
+    requests = decoded_requests(next(iter(traces.values())), e2e)
+    methods = e2e["methods"]
+    concurrency = sorted({r["concurrency"] for r in e2e["results"]})
+    measured: dict[tuple[str, int], list[float]] = {}  # tokens/s of every repeat of every round
+    for run, _ in rounds:
+        for r in run["results"]:
+            measured.setdefault((r["method"], r["concurrency"]), []).extend(
+                r["new_tokens"] / s for s in r["seconds_repeats"]
+            )
+    policies = {m: policy_for(m, traces, hardware, rounds[0][1], target, elem) for m in methods}
+    rates = {m: {c: [] for c in concurrency} for m in methods}
+    for run, rest in rounds:
+        priced = {m: step_costs(tr, hardware, rest, bytes_per_value=elem) for m, (tr, _, _) in policies.items()}
         for c in concurrency:
-            replayed = statistics.median(m / p for m, p in zip(rates[method][c], rates["ar"][c]))
-            got = measured[(method, c)]
-            error = replayed / got - 1.0
+            for _ in range(run["repeats"]):
+                for m, (tr, _, policy) in policies.items():
+                    rates[m][c].append(replay(tr, policy, c, priced[m], requests).tokens_per_s)
+    rows = []
+    for method in methods:
+        for c in concurrency:
+            ours, plain = rates[method][c], rates["ar"][c]
+            got, got_plain = measured[(method, c)], measured[("ar", c)]
+            replayed = {
+                "best": max(ours) / max(plain),
+                "paired": statistics.median(m / p for m, p in zip(ours, plain)),
+            }
+            meas = {
+                "best": max(got) / max(got_plain),
+                "paired": statistics.median(m / p for m, p in zip(got, got_plain)),
+            }
+            error = replayed[compare] / meas[compare] - 1.0
             rows.append(
                 {
                     "task": e2e["task"],
                     "temperature": t,
                     "method": method,
                     "concurrency": c,
-                    "measured": got,
-                    "replayed": replayed,
+                    "measured": meas[compare],
+                    "replayed": replayed[compare],
                     "relative_error": error,
                     "agrees": abs(error) <= tolerance,
+                    "measured_paired": meas["paired"],
+                    "replayed_paired": replayed["paired"],
+                    "repeats": len(got),
                 }
             )
     return rows
 
 
+def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]:
+    """`--measure`: per temperature, `--rounds` rounds, each the loop-step rests (cost_fit's
+    `step_rests`, one run each) then one `e2e_bench` repeat of every method, right after one
+    another in one process, so that the prices and the speedups they are checked against come
+    from the same minutes of a machine whose speed drifts (module docstring)."""
+    import cost_fit
+    import e2e_bench
+
+    e2e_args = e2e_bench.parser().parse_args(
+        ["--task", args.task, "--min-prompts", str(args.prompts), "--repeats", "1", "--threads", str(args.threads)]
+        + ["--concurrency", *map(str, args.concurrency), "--methods", *args.methods]
+    )
+    bench_target = e2e_bench.load_target(e2e_args)
+    target = bench_target.model
+    shape = costs.ForwardShape.of_decoder(target.config, elem, elem)
+    methods = e2e_bench.make_methods(e2e_args, target)
+    drafters = sorted({parse_method(m).drafter for m in args.methods if m != "ar"})
+    out: dict[float, list[tuple[dict, dict]]] = {t: [] for t in args.temperatures}
+    for r in range(args.rounds):
+        for t in args.temperatures:
+            # The traces' own requests of the task (its first --prompts), decoded as they were.
+            trace = next(iter(load_traces(Path(args.traces), args.target, t).values()))
+            of_task = np.flatnonzero(np.array(trace.meta["task_of_request"]) == trace.meta["tasks"].index(args.task))
+            prompts = [trace.prompts()[i] for i in of_task[: args.prompts]]
+            print(f"round {r + 1}/{args.rounds}, T = {t:g}", flush=True)
+            rest_args = argparse.Namespace(
+                step_context=args.step_context, contexts=[], temperatures=[t], batches=args.concurrency,
+                step_drafters=drafters, step_repeats=1,
+            )  # fmt: skip
+            rest, _ = cost_fit.step_rests(rest_args, target, shape, hardware, elem, args.target)
+            run_args = argparse.Namespace(
+                **vars(e2e_args) | {"temperature": t, "max_new_tokens": trace.meta["max_new_tokens"]}
+            )
+            out[t].append((e2e_bench.run(run_args, bench_target, methods, prompts), rest))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("e2e", nargs="+", help="e2e_bench JSON files (one task and temperature each)")
+    p.add_argument("e2e", nargs="*", help="e2e_bench JSON files (one task and temperature each)")
     p.add_argument("--target", default="tiny", help="whose traces and cost model (default %(default)s)")
     p.add_argument("--traces", default=str(TRACES))
     p.add_argument("--cost-file", default=None, help="a cost_fit.py JSON (default: the committed one)")
     p.add_argument("--tolerance", type=float, default=0.10)
+    p.add_argument(
+        "--compare",
+        choices=("best", "paired"),
+        default="paired",
+        help="which speedup the replay must match: the median over repeats of the ratio to plain decoding's "
+        "repeat beside it (default), or the best repeat over plain decoding's best",
+    )
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure instead of reading e2e files: rounds of the step rests and one e2e_bench repeat, interleaved",
+    )
+    g = p.add_argument_group("--measure")
+    g.add_argument("--rounds", type=int, default=4)
+    g.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    g.add_argument("--task", default="code")
+    g.add_argument("--prompts", type=int, default=8, help="the first this many of the traces' requests of --task")
+    g.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    g.add_argument("--methods", nargs="+", default=METHODS)
+    g.add_argument("--step-context", type=int, default=None, help="default: the median of the traces' contexts")
+    g.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if bool(args.e2e) == args.measure:
+        p.error("give e2e_bench JSON files or --measure (one of them)")
     try:
         hardware, rest, _, elem = cost_model("cpu", args.target, args.cost_file)
+        if args.measure:
+            groups = list(measure(args, hardware, elem).values())
+        else:
+            groups = [[(json.loads(Path(path).read_text()), rest)] for path in args.e2e]
         rows = []
-        for path in args.e2e:
-            rows += check(
-                json.loads(Path(path).read_text()), Path(args.traces), args.target, hardware, rest, elem, args.tolerance
-            )
+        for rounds in groups:
+            rows += check(rounds, Path(args.traces), args.target, hardware, elem, args.tolerance, args.compare)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{'task':>6} {'T':>3} {'method':>28} {'c':>3} {'measured':>9} {'replayed':>9} {'error':>7}")
+    print(f"{'':>42} {args.compare + ' of repeats':>26} {'paired':>19}")
+    print(f"{'task':>6} {'T':>3} {'method':>28} {'c':>3} {'measured':>9} {'replayed':>9} {'error':>7}"
+          f" {'measured':>9} {'replayed':>9}")  # fmt: skip
     for r in rows:
         print(
             f"{r['task']:>6} {r['temperature']:>3g} {r['method']:>28} {r['concurrency']:>3} {r['measured']:>8.2f}x "
-            f"{r['replayed']:>8.2f}x {100 * r['relative_error']:>+6.1f}%{'' if r['agrees'] else '  OUTSIDE'}"
+            f"{r['replayed']:>8.2f}x {100 * r['relative_error']:>+6.1f}% {r['measured_paired']:>8.2f}x "
+            f"{r['replayed_paired']:>8.2f}x{'' if r['agrees'] else '  OUTSIDE'}"
         )
     agree = sum(r["agrees"] for r in rows)
     worst = max(abs(r["relative_error"]) for r in rows)
@@ -137,14 +265,17 @@ def main(argv=None) -> int:
         "label": "REPLAY against measured",
         "target": args.target,
         "hardware": hardware.to_dict(),
-        "step_overhead_by_batch": [list(p) for p in rest],
-        "e2e_files": [str(x) for x in args.e2e],
+        "compare": args.compare,
         "tolerance": args.tolerance,
         "agree": agree,
         "cells": len(rows),
         "worst_relative_error": worst,
         "rows": rows,
     }
+    if args.measure:
+        result["rounds"] = [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]
+    else:
+        result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}
     out = Path(args.out) if args.out else RESULTS / f"replay_check_{args.target}.json"
     timing.save_result(result, out)
     return 0

@@ -228,11 +228,19 @@ def load_prior(drafter_dir: str | Path, temperature: float, width: int | None = 
 
 @torch.no_grad()
 def measured_step_seconds(
-    target, drafter, batch_size: int, path: str = "auto", context_len: int = 64, steps: int = 6, tree: int = 0
+    target,
+    drafter,
+    batch_size: int,
+    path: str = "auto",
+    context_len: int = 64,
+    steps: int = 6,
+    tree: int = 0,
+    temperature: float = 0.0,
 ) -> float:
     """Wall seconds of one whole loop step (draft, verify forward of K + 1 tokens per request,
-    verify, commit, injection) for `batch_size` requests, from a short greedy run with fixed
-    K = the drafter's drafts per block (a tree: all its nodes) on random prompts. Measured inside the loop on purpose:
+    verify, commit, injection) for `batch_size` requests, from a short run (greedy, or sampled
+    at `temperature`: sampling costs a step more) with fixed K = the drafter's drafts per block
+    (a tree: all its nodes) on random prompts. Measured inside the loop on purpose:
     there the drafter and the target take turns and evict each other's weights from the
     caches, so the target's forward costs more than when it runs alone (as `profile_sps` times it)."""
     k = drafter.num_drafts
@@ -240,11 +248,15 @@ def measured_step_seconds(
     prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
 
     def run(new_tokens):
-        return speculative_generate(target, drafter, prompts, max_new_tokens=new_tokens, path=path, tree=tree)
+        return speculative_generate(
+            target, drafter, prompts, max_new_tokens=new_tokens, temperature=temperature, path=path, tree=tree
+        )
 
     run(2)  # warm-up
     _, st = run(steps * (k + 1))
-    return st["decode_seconds"] / max(1.0, st["steps"] / batch_size)
+    # Per loop iteration: the batch runs until its slowest request is done (request-steps over
+    # the batch size would charge the finished requests' idle iterations to the others).
+    return st["decode_seconds"] / max(1, st["iterations"])
 
 
 def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):

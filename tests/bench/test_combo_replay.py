@@ -36,32 +36,67 @@ def test_replay_from_committed_traces(tmp_path):
 def test_cost_fit_then_replay_on_it(tmp_path):
     fit = tmp_path / "fit.json"
     argv = ["--batches", "1", "2", "--widths", "1", "4", "--contexts", "16", "--repeats", "1", "--threads", "1"]
+    argv += ["--step-repeats", "1", "--step-context", "16"]
     assert cost_fit.main(argv + ["--out", str(fit)]) == 0
     result = json.loads(fit.read_text())
     assert [m["model"] for m in result["measurements"]] == ["target"] * 4 + ["drafter"] * 2  # fitted together
-    assert result["hardware"]["bandwidth_gbs"] > 0 and len(result["step_overhead_by_batch"]) == 2
-    assert result["step_overhead_s"] >= 0 and len(result["checks"]) == 2
+    assert result["hardware"]["bandwidth_gbs"] > 0
+    # the rest of every kind of step (a plain one, each drafter's), per temperature and batch size
+    rest = result["step_rest"]
+    assert rest["context"] == 16 and set(rest["plain"]) == {"0", "1"}
+    assert set(rest["speculative"]) == {"dflash", "dflash2", "dspark"}
+    for by_t in [rest["plain"], *rest["speculative"].values()]:
+        assert all([b for b, _ in pairs] == [1, 2] for pairs in by_t.values())
+    assert len(result["checks"]) == 2 * 2 * 4  # temperatures x batches x (plain + 3 drafters)
+    # the replay's steps at the measured points are the measured steps
+    tr = combo_replay.Trace.load(combo_replay.TRACES / "tiny_dflash_t1.npz")
+    hw, rests, _, elem = combo_replay.cost_model("cpu", "tiny", str(fit))
+    sc = combo_replay.step_costs(tr, hw, rests, bytes_per_value=elem)
+    sc = combo_replay.StepCosts(sc.target, sc.drafter, hw, sc.block_size, 16, sc.step_overhead, sc.plain_overhead)
+    measured = {(c["kind"], c["temperature"], c["batch"]): c["step_s"] for c in result["checks"]}
+    for b in (1, 2):
+        assert sc.plain(b) == pytest.approx(measured[("plain", 1.0, b)])
+        assert sc.speculative(b, tr.width + 1) == pytest.approx(measured[("dflash", 1.0, b)])
     out = tmp_path / "replay.json"
     argv = ["--cost-model", "cpu", "--cost-file", str(fit), "--temperatures", "1", "--concurrency", "2"]
     assert combo_replay.main(argv + ["--shuffles", "1", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["label"] == "REPLAY"
 
     # replay_check against an e2e_bench result: cells that agree pass, a measurement the replay
-    # cannot reproduce (twice what it replays) is flagged.
+    # cannot reproduce (twice what it replays, in one of the two kinds of speedup) is flagged.
     methods = ["ar", "dflash:k=3", "dflash2:sched=confidence"]
-    e2e = {"task": "code", "temperature": 1.0, "max_new_tokens": 96, "prompts": 4, "repeats": 1, "methods": methods}
-    e2e["results"] = [{"method": m, "concurrency": 2, "speedup_paired": 1.0} for m in methods]
+    e2e = {"task": "code", "temperature": 1.0, "max_new_tokens": 96, "prompts": 4, "repeats": 2, "methods": methods}
+    e2e["results"] = [
+        {"method": m, "concurrency": 2, "new_tokens": 384, "seconds_repeats": [1.0, 1.0]} for m in methods
+    ]
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps(e2e))
     check = tmp_path / "check.json"
     assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 0
     rows = {r["method"]: r for r in json.loads(check.read_text())["rows"]}
-    for r in e2e["results"]:
-        r["speedup_paired"] = rows[r["method"]]["replayed"] * (2.0 if r["method"] == "dflash:k=3" else 1.0)
+    # Measured as replayed, with plain decoding's second repeat twice as fast as its first; DFlash
+    # K = 3 planted with its repeats swapped: its best repeat over plain's best is still the
+    # replayed ratio, its paired ratios (2x and 0.5x of it) are not.
+    r = rows["dflash:k=3"]["replayed_paired"]
+    e2e["results"][0]["seconds_repeats"] = [1.0, 0.5]
+    e2e["results"][1]["seconds_repeats"] = [0.5 / r, 1.0 / r]
     path.write_text(json.dumps(e2e))
-    assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 0
-    rows = {r["method"]: r for r in json.loads(check.read_text())["rows"]}
-    assert rows["ar"]["agrees"] and rows["dflash2:sched=confidence"]["agrees"] and not rows["dflash:k=3"]["agrees"]
+    for compare, flagged in (("paired", True), ("best", False)):
+        argv = [str(path), "--cost-file", str(fit), "--out", str(check), "--compare", compare]
+        assert replay_check.main(argv) == 0
+        rows = {r["method"]: r for r in json.loads(check.read_text())["rows"]}
+        assert rows["ar"]["agrees"] and "dflash2:sched=confidence" in rows
+        assert rows["dflash:k=3"]["agrees"] is not flagged
+    # --measure: a round of step rests and one e2e_bench repeat, priced and checked together
+    argv = ["--measure", "--rounds", "1", "--temperatures", "1", "--concurrency", "2", "--prompts", "2"]
+    argv += ["--methods", "ar", "dflash:k=3", "--threads", "1", "--cost-file", str(fit), "--out", str(check)]
+    assert replay_check.main(argv) == 0
+    result = json.loads(check.read_text())
+    assert [(r["method"], r["concurrency"], r["repeats"]) for r in result["rows"]] == [
+        ("ar", 2, 1),
+        ("dflash:k=3", 2, 1),
+    ]
+    assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dflash"}
     e2e["max_new_tokens"] = 64  # other runs than the traces': refused
     path.write_text(json.dumps(e2e))
     assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 2

@@ -104,9 +104,11 @@ class Trace:
 @dataclass(frozen=True)
 class StepCosts:
     """Seconds of a loop step's parts for a batch of B requests at `context` committed tokens:
-    the drafter's forward, the target's forward over T tokens per request, and the rest of a
-    speculative step (verify, commit, scheduling): `step_overhead`, measured (batch, seconds)
-    pairs interpolated in B (none: 0)."""
+    the drafter's forward, the target's forward over T tokens per request, and the rest of each
+    kind of step beyond its modelled forwards (verify, commit, sampling, scheduling), measured
+    on the machine as (batch, seconds) pairs interpolated in B: `step_overhead` of a
+    speculative step, `plain_overhead` of a plain decoding step (none: 0; negative where the
+    forward model overprices the step's forwards)."""
 
     target: ForwardShape
     drafter: ForwardShape
@@ -114,20 +116,24 @@ class StepCosts:
     block_size: int
     context: int
     step_overhead: tuple = ()
+    plain_overhead: tuple = ()
 
-    def rest(self, batch: int) -> float:
-        if not self.step_overhead:
+    @staticmethod
+    def _interp(pairs: tuple, batch: int) -> float:
+        if not pairs:
             return 0.0
-        b, sec = zip(*sorted(self.step_overhead))
+        b, sec = zip(*sorted(pairs))
         return float(np.interp(batch, b, sec))
 
     def plain(self, batch: int) -> float:
-        return float(forward_time(self.target, self.hardware, batch, 1, self.context))
+        forward = float(forward_time(self.target, self.hardware, batch, 1, self.context))
+        return forward + self._interp(self.plain_overhead, batch)
 
     def speculative(self, batch: int, width: int) -> float:
         """A step verifying `width` tokens per request (the anchor and width - 1 drafts)."""
         draft = float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
-        return draft + float(forward_time(self.target, self.hardware, batch, width, self.context)) + self.rest(batch)
+        verify = float(forward_time(self.target, self.hardware, batch, width, self.context))
+        return draft + verify + self._interp(self.step_overhead, batch)
 
     def prefill(self, batch: int, prompt_len: int) -> float:
         return float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
