@@ -104,7 +104,7 @@ def check(
     hardware,
     elem: float,
     tolerance: float,
-    compare: str = "best",
+    compare: str = "paired",
 ) -> list[dict]:
     """Rows of the check for `rounds`: (an `e2e_bench` result, the step rests measured beside it)
     pairs of one task and temperature. Each repeat of a round is replayed at its round's step
@@ -175,9 +175,12 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
     import cost_fit
     import e2e_bench
 
+    target_args = (
+        [] if args.target == "tiny" else ["--model", args.target] + (["--dtype", args.dtype] if args.dtype else [])
+    )
     e2e_args = e2e_bench.parser().parse_args(
         ["--task", args.task, "--min-prompts", str(args.prompts), "--repeats", "1", "--threads", str(args.threads)]
-        + ["--concurrency", *map(str, args.concurrency), "--methods", *args.methods]
+        + ["--concurrency", *map(str, args.concurrency), "--methods", *args.methods, *target_args]
     )
     bench_target = e2e_bench.load_target(e2e_args)
     target = bench_target.model
@@ -231,6 +234,7 @@ def main(argv=None) -> int:
     g.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     g.add_argument("--methods", nargs="+", default=METHODS)
     g.add_argument("--step-context", type=int, default=None, help="default: the median of the traces' contexts")
+    g.add_argument("--dtype", default=None, help="the target's dtype (as e2e_bench; --target other than tiny)")
     g.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
