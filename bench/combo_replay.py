@@ -126,15 +126,9 @@ def scheduler_policy(
     tables: dict[int, tuple] = {}
 
     def sps(batch_size: int):
-        # The scheduler's tables priced as the replay prices its steps: a whole speculative step
-        # at each verify width, and a plain step.
+        # The scheduler's tables priced as the replay prices its steps.
         if batch_size not in tables:
-            widths = range(1, K + 2)
-            spec = costs.SPSTable(
-                [batch_size * w for w in widths], [1 / step.speculative(batch_size, w) for w in widths]
-            )
-            plain = costs.SPSTable([batch_size], [1 / step.plain(batch_size)])
-            tables[batch_size] = (spec, plain)
+            tables[batch_size] = step.sps(batch_size, range(1, K + 2))
         return tables[batch_size]
 
     def make(batch_size: int):

@@ -71,24 +71,25 @@ def trace_context(name: str) -> int | None:
     return int(np.median(lens)) if lens else None
 
 
-def step_rests(args, target, shape, hw, elem: float, name: str) -> tuple[dict, list[dict]]:
+def step_rests(
+    target, shape, hw, elem: float, drafters: dict, temperatures, batches, context: int, repeats: int
+) -> tuple[dict, list[dict]]:
     """The rest of each kind of loop step beyond its modelled forwards, measured in the loops'
-    own code at the traces' context: a speculative step of each drafter (drafting and verifying
-    every draft) minus the modelled drafter pass and verify forward, and a plain decoding step
-    minus the modelled one-token forward; per temperature (sampling costs a step more) and
-    batch size, each the median of `--step-repeats` short runs. A rest is negative where the
-    fit overprices the step's forwards (a one-token forward on this CPU, cheaper than the fit's
-    shape puts it): added to the modelled forwards it gives the measured step back."""
-    ctx = args.step_context or trace_context(name) or args.contexts[-1]
-    rest = {"context": ctx, "repeats": args.step_repeats, "speculative": {}, "plain": {}}
+    own code at `context` committed tokens: a speculative step of each of `drafters` (name ->
+    drafter; drafting and verifying every draft) minus the modelled drafter pass and verify
+    forward, and a plain decoding step minus the modelled one-token forward; per temperature
+    (sampling costs a step more) and batch size, each the median of `repeats` short runs. A rest
+    is negative where the fit overprices the step's forwards (a one-token forward on this CPU,
+    cheaper than the fit's shape puts it): added to the modelled forwards it gives the measured
+    step back."""
+    rest = {"context": context, "repeats": repeats, "speculative": {}, "plain": {}}
     checks = []
-    drafters = {d: load_method_drafter(d, target) for d in args.step_drafters}
-    for t in args.temperatures:
+    for t in temperatures:
         key = f"{t:g}"
         rest["plain"][key] = []
-        for b in args.batches:
-            step = statistics.median(plain_step_seconds(target, b, ctx, t) for _ in range(args.step_repeats))
-            model = float(costs.forward_time(shape, hw, b, 1, ctx))
+        for b in batches:
+            step = statistics.median(plain_step_seconds(target, b, context, t) for _ in range(repeats))
+            model = float(costs.forward_time(shape, hw, b, 1, context))
             rest["plain"][key].append([b, step - model])
             checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})
             print(f"T {t:g} batch {b}: plain step {1e3 * step:.2f} ms, model forward {1e3 * model:.2f}", flush=True)
@@ -97,13 +98,13 @@ def step_rests(args, target, shape, hw, elem: float, name: str) -> tuple[dict, l
                 drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem
             )
             rest["speculative"].setdefault(d, {})[key] = []
-            for b in args.batches:
+            for b in batches:
                 step = statistics.median(
-                    measured_step_seconds(target, drafter, b, context_len=ctx, temperature=t)
-                    for _ in range(args.step_repeats)
+                    measured_step_seconds(target, drafter, b, context_len=context, temperature=t)
+                    for _ in range(repeats)
                 )
-                draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, ctx))
-                verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, ctx))
+                draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, context))
+                verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, context))
                 rest["speculative"][d][key].append([b, step - draft - verify])
                 checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step,
                                "draft_model_s": draft, "verify_model_s": verify})  # fmt: skip
@@ -170,7 +171,17 @@ def main(argv=None) -> int:
     fit = costs.fit_hardware(shape, measured, label, others=[(shape_d, drafted)])
     hw = fit.hardware
     print(f"fit: {hw}; relative error RMS {fit.rms_error:.3f}, worst {fit.max_error:.3f}")
-    rest, checks = step_rests(args, target, shape, hw, elem, name)
+    rest, checks = step_rests(
+        target,
+        shape,
+        hw,
+        elem,
+        {d: load_method_drafter(d, target) for d in args.step_drafters},
+        args.temperatures,
+        args.batches,
+        args.step_context or trace_context(name) or args.contexts[-1],
+        args.step_repeats,
+    )
     result = {
         **timing.result_header("cost_fit", "cost_fit.py", argv, "cpu", dtype),
         "target": bench_target.label,

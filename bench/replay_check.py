@@ -186,22 +186,24 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
     target = bench_target.model
     shape = costs.ForwardShape.of_decoder(target.config, elem, elem)
     methods = e2e_bench.make_methods(e2e_args, target)
-    drafters = sorted({parse_method(m).drafter for m in args.methods if m != "ar"})
+    drafters = {parse_method(m).drafter: methods[m].drafter for m in args.methods if m != "ar"}  # loaded once
+    context = args.step_context or cost_fit.trace_context(args.target)
+    # Per temperature: the traces' own requests of the task (the first --prompts), decoded as recorded.
+    runs = {}
+    for t in args.temperatures:
+        trace = next(iter(load_traces(Path(args.traces), args.target, t).values()))
+        of_task = np.flatnonzero(np.array(trace.meta["task_of_request"]) == trace.meta["tasks"].index(args.task))
+        prompts = trace.prompts()
+        run_args = argparse.Namespace(
+            **vars(e2e_args) | {"temperature": t, "max_new_tokens": trace.meta["max_new_tokens"]}
+        )
+        runs[t] = (run_args, [prompts[i] for i in of_task[: args.prompts]])
     out: dict[float, list[tuple[dict, dict]]] = {t: [] for t in args.temperatures}
     for r in range(args.rounds):
-        for t in args.temperatures:
-            # The traces' own requests of the task (its first --prompts), decoded as they were.
-            trace = next(iter(load_traces(Path(args.traces), args.target, t).values()))
-            of_task = np.flatnonzero(np.array(trace.meta["task_of_request"]) == trace.meta["tasks"].index(args.task))
-            prompts = [trace.prompts()[i] for i in of_task[: args.prompts]]
+        for t, (run_args, prompts) in runs.items():
             print(f"round {r + 1}/{args.rounds}, T = {t:g}", flush=True)
-            rest_args = argparse.Namespace(
-                step_context=args.step_context, contexts=[], temperatures=[t], batches=args.concurrency,
-                step_drafters=drafters, step_repeats=1,
-            )  # fmt: skip
-            rest, _ = cost_fit.step_rests(rest_args, target, shape, hardware, elem, args.target)
-            run_args = argparse.Namespace(
-                **vars(e2e_args) | {"temperature": t, "max_new_tokens": trace.meta["max_new_tokens"]}
+            rest, _ = cost_fit.step_rests(
+                target, shape, hardware, elem, drafters, [t], args.concurrency, context, repeats=1
             )
             out[t].append((e2e_bench.run(run_args, bench_target, methods, prompts), rest))
     return out

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .base import ScheduleState
-from .costs import ForwardShape, Hardware, forward_time
+from .costs import ForwardShape, Hardware, SPSTable, forward_time, model_sps
 
 TRACE_FORMAT = 1
 # Per-row arrays of a trace (np.savez_compressed; floats stored as float16).
@@ -129,14 +129,27 @@ class StepCosts:
         forward = float(forward_time(self.target, self.hardware, batch, 1, self.context))
         return forward + self._interp(self.plain_overhead, batch)
 
+    def _draft(self, batch: int) -> float:
+        return float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
+
     def speculative(self, batch: int, width: int) -> float:
         """A step verifying `width` tokens per request (the anchor and width - 1 drafts)."""
-        draft = float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
         verify = float(forward_time(self.target, self.hardware, batch, width, self.context))
-        return draft + verify + self._interp(self.step_overhead, batch)
+        return self._draft(batch) + verify + self._interp(self.step_overhead, batch)
 
     def prefill(self, batch: int, prompt_len: int) -> float:
         return float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
+
+    def sps(self, batch: int, widths) -> tuple[SPSTable, SPSTable]:
+        """(speculative, plain) SPS tables for a scheduler, priced as these steps are: whole
+        speculative steps verifying each of `widths` tokens per request, and a plain step."""
+        hw, ctx = self.hardware, self.context
+        tokens = [batch * w for w in widths]
+        spec = model_sps(
+            self.target, hw, batch, tokens, ctx, self._draft(batch) + self._interp(self.step_overhead, batch)
+        )
+        plain = model_sps(self.target, hw, batch, [batch], ctx, self._interp(self.plain_overhead, batch))
+        return spec, plain
 
 
 class FixedPolicy:
