@@ -8,6 +8,12 @@ path (`models.catalog.resolve_target`). The tiny target's prompts are windows of
 through the model's chat template, code and prose raw, in the sets' fixed order, skipping
 those longer than MAX_PROMPT_TOKENS (as `train data` does, so a drafter's held-out data and
 its benchmarks read the same prompts).
+
+A target with a chat template has one more task, `general`, outside its default tasks:
+general-purpose chat requests that the target writes itself on the held-out topics of
+`train.self_instruct` (none shared with the training requests), sampled with a fixed seed and
+answered as ordinary user turns. It is the held-out general-chat set of issue 30's bar;
+`general` rows never enter a benchmark's aggregate over the default tasks.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from flashspark import data
 from flashspark.models import catalog
 
 MAX_PROMPT_TOKENS = 384  # train data's --max-prompt-tokens default
+GENERAL = "general"  # the self-written general-chat task (module docstring)
+GENERAL_SEED = 0  # the generator the requests are sampled with: the same prompts in every run
+GENERAL_CHUNK = 16  # seeds whose requests are written together
 
 
 @dataclass
@@ -39,7 +48,13 @@ class BenchTarget:
 
     @property
     def tasks(self) -> tuple[str, ...]:
+        """The default tasks (what a benchmark runs and aggregates without --tasks)."""
         return data.TASKS if self.tiny else data.PROMPT_KINDS
+
+    @property
+    def extra_tasks(self) -> tuple[str, ...]:
+        """Tasks run only when named: `general` for a real target with a chat template."""
+        return () if self.tiny or self.chat is None else (GENERAL,)
 
     def eos_id(self) -> int | None:
         return catalog.eos_token_id(self.model, self.tokenizer)
@@ -48,8 +63,10 @@ class BenchTarget:
         """`n` held-out prompts of `task` as token ids (module docstring)."""
         if self.tiny:
             return data.heldout_prompts(task, n, prompt_tokens, self.tokenizer)
-        if task not in self.tasks:
-            raise ValueError(f"unknown task {task!r} for {self.label}; expected one of {self.tasks}")
+        if task not in self.tasks + self.extra_tasks:
+            raise ValueError(f"unknown task {task!r} for {self.label}; expected one of {self.tasks + self.extra_tasks}")
+        if task == GENERAL:
+            return self.general_prompts(n)
         if task == "chat" and self.chat is None:
             raise ValueError(f"the model {self.label} has no chat template: use the code or prose prompts")
         out = []
@@ -63,6 +80,33 @@ class BenchTarget:
             f"the held-out {task} prompt set has only {len(out)} prompts of at most "
             f"{MAX_PROMPT_TOKENS} tokens; asked for {n}"
         )
+
+    def general_prompts(self, n: int) -> list[list[int]]:
+        """`n` general-chat prompts: requests the target writes on the held-out self-instruct
+        seeds, in their fixed order (skipping seeds it wrote nothing usable for), through the
+        chat template."""
+        from flashspark.train import self_instruct, target_data
+
+        seeds = self_instruct.seed_set("heldout")
+        stop_ids = {i for i in (self.eos_id(), self.tokenizer.token_to_id(data.EOT_TOKEN)) if i is not None}
+        gen = torch.Generator(device=self.model.model.embed_tokens.weight.device).manual_seed(GENERAL_SEED)
+        out, start = [], 0
+        while len(out) < n and start < len(seeds):
+            chunk = seeds[start : start + GENERAL_CHUNK]  # a fixed size: the first n prompts of any larger n
+            start += len(chunk)
+            written = self_instruct.write_requests(
+                self.model, self.tokenizer, self.chat, chunk, stop_ids, gen, target_data.continue_batch
+            )
+            for request in written:
+                if request is None:
+                    continue
+                text = self.chat([{"role": "user", "content": request}])
+                ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+                if len(ids) <= MAX_PROMPT_TOKENS and len(out) < n:
+                    out.append(ids)
+        if len(out) < n:
+            raise ValueError(f"the target wrote only {len(out)} general-chat requests of the {n} asked")
+        return out
 
 
 def add_target_args(p) -> None:
@@ -86,7 +130,8 @@ def add_tasks_arg(p) -> None:
         "--tasks",
         nargs="+",
         default=None,
-        help="code and prose (tiny target), chat, code and prose (others); default: all of the target's",
+        help="code and prose (tiny target), chat, code and prose (others; with a chat template also general); "
+        "default: all but general",
     )
 
 
@@ -101,11 +146,11 @@ def load_bench_target(args, device: str | torch.device = "cpu") -> BenchTarget:
 def check_tasks(target: BenchTarget, tasks) -> None:
     """ValueError naming the target's tasks for any task it does not have (argparse cannot
     check them: they depend on the target)."""
-    bad = [t for t in tasks if t not in target.tasks]
+    known = target.tasks + target.extra_tasks
+    bad = [t for t in tasks if t not in known]
     if bad:
         raise ValueError(
-            f"unknown task {', '.join(map(repr, bad))} for the target {target.label}; "
-            f"expected {' or '.join(target.tasks)}"
+            f"unknown task {', '.join(map(repr, bad))} for the target {target.label}; expected {' or '.join(known)}"
         )
 
 

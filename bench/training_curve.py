@@ -5,7 +5,12 @@
 
 Reads each run's metrics.jsonl (one held-out evaluation per line: step, minutes, τ) and its
 checkpoint's options (sequences per step, blocks per sequence, γ), so that "tokens" counts the
-block positions trained on: steps x batch x blocks x (γ - 1). Fits τ = a + b ln(minutes) to the
+block positions trained on: steps x batch x blocks x (γ - 1). An exported drafter directory
+(its MODEL_CARD.md's progress table and training commands, its config's γ) stands in for a
+run whose directory is gone:
+
+    python bench/training_curve.py python/flashspark/assets/smollm2/dflash --target-tau 3.0 --name smollm2
+ Fits τ = a + b ln(minutes) to the
 second half of each run's evaluations and, labelled a projection, the minutes at which that
 trend would reach `--target-tau`. Writes bench/results/training_curve[_<name>].json and a PNG.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +31,36 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def load_card(path: Path) -> dict:
+    """A run as its exported drafter's model card records it: the rows of the progress table
+    (| step | minutes | train loss | held-out τ |) and, from the last training command and the
+    config's γ, the block positions a step trains on."""
+    from flashspark.models.dflash import DFlashConfig
+
+    text = (path / "MODEL_CARD.md").read_text()
+    rows, in_table = [], False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:2] == ["step", "minutes"] and cells[-1] == "held-out τ":
+            in_table = True
+        elif in_table and line.startswith("|") and cells[0].replace(",", "").isdigit():
+            rows.append({"step": int(cells[0].replace(",", "")), "minutes": float(cells[1]), "tau": float(cells[-1])})
+        elif in_table and not line.startswith("|"):
+            in_table = False
+    if not rows:
+        raise ValueError(f"{path}/MODEL_CARD.md has no progress table (| step | minutes | ... | held-out τ |)")
+    commands = [line for line in text.splitlines() if line.startswith("python -m flashspark train ")]
+    opts = re.findall(r"--(batch-size|blocks-per-seq) (\d+)", commands[-1]) if commands else []
+    per_step = None
+    if len(dict(opts)) == 2:
+        gamma = DFlashConfig.from_file(path / "config.json").block_size
+        per_step = int(dict(opts)["batch-size"]) * int(dict(opts)["blocks-per-seq"]) * (gamma - 1)
+    return {"rows": rows, "positions_per_step": per_step}
+
+
 def load_run(path: Path) -> dict:
+    if not (path / "metrics.jsonl").is_file() and (path / "MODEL_CARD.md").is_file():
+        return load_card(path)
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{path}/metrics.jsonl holds no evaluation")
@@ -52,7 +87,9 @@ def trend(minutes: np.ndarray, tau: np.ndarray, target: float) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", help="training run directories (with metrics.jsonl)")
+    p.add_argument(
+        "runs", nargs="+", help="training run directories (metrics.jsonl) or exported drafters (MODEL_CARD.md)"
+    )
     p.add_argument("--labels", nargs="+", default=None)
     p.add_argument("--target-tau", type=float, default=3.0)
     p.add_argument("--name", default="", help="suffix of the result files")

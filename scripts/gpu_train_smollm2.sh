@@ -64,6 +64,11 @@ LAYERS=${LAYERS:-2}
 INTERMEDIATE=${INTERMEDIATE:-1024}  # 0: the target's MLP width
 DISTILL=${DISTILL:-0.5}  # the lever table's winner (docs/smollm2.md)
 DSPARK_OWN_BACKBONE=${DSPARK_OWN_BACKBONE:-0}
+# DFlash 2's selector and DSpark's Markov head each hold two vocabulary-sized matrices: 3.1 MB in
+# bf16 at rank 16, 12.6 MB at the trainers' default 64, which would put the repository's tracked
+# files over their 60 MB cap once exported into it (docs/smollm2.md).
+SELECTOR_RANK=${SELECTOR_RANK:-16}
+MARKOV_RANK=${MARKOV_RANK:-16}
 SHARD_MIB=${SHARD_MIB:-16}
 # Fits: calibration prompts per kind, new tokens per prompt, prompts per batch.
 FIT_PROMPTS=${FIT_PROMPTS:-24}
@@ -123,9 +128,9 @@ for derived in dflash2 dspark; do
 done
 step dflash2 "$WORK/dflash2/ckpt.pt" $PY -m flashspark train dflash2 "${train_opts[@]}" --init-from "$OUT/dflash" \
   --share-backbone --share-weights-with "$OUT/dflash" --lr "$DERIVED_LR" --minutes "$DFLASH2_MIN" \
-  --out "$WORK/dflash2" --export "$OUT/dflash2"
-dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash")
-[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor)
+  --selector-rank "$SELECTOR_RANK" --out "$WORK/dflash2" --export "$OUT/dflash2"
+dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash" --markov-rank "$MARKOV_RANK")
+[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor --markov-rank "$MARKOV_RANK")
 step dspark "$WORK/dspark/ckpt.pt" $PY -m flashspark train dspark "${train_opts[@]}" --init-from "$OUT/dflash" \
   "${dspark_opts[@]}" --lr "$DERIVED_LR" \
   --calib-from "$WORK/data_calibration" --calib-sequences "$EVAL_SEQ" --minutes "$DSPARK_MIN" \

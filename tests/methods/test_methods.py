@@ -515,6 +515,10 @@ def test_decoder_switches_speculation_off_when_it_cannot_pay(tmp_path, monkeypat
         assert not st1.get("plain_batch") and bool(st2.get("plain_batch")) != speculate
         # Speculating, the loop drafts every step (what it verifies is the recalibrated schedule's call).
         assert (st2["plain_steps"] == 0) == speculate and (st2["tau"] == 1.0 or speculate)
+        # forget(): the next call is decided as the first was (e2e_bench's warm-up teaches nothing).
+        decode.forget()
+        third, st3 = decode(prompts, 20)
+        assert third == want and not st3.get("plain_batch") and st3["steps"] == st1["steps"]
 
 
 def test_a_prior_of_another_width_is_ignored(tmp_path):

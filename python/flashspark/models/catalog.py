@@ -15,8 +15,10 @@ directory. There is no fallback from one target's drafters to another's.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,7 @@ class KnownTarget:
     description: str
     locate: Callable[[], Path]  # the model's file or directory (FileNotFoundError saying how to get it)
     drafters: Path  # <drafters>/<method>/ is the shipped drafter of each method
-    cpu_dtype: torch.dtype  # what it runs in on a CPU (elsewhere: its checkpoint's dtype)
+    cpu_dtype: torch.dtype  # what it runs in on a CPU where that pays (`target_dtype`; elsewhere its checkpoint's)
     mask_token: str  # the drafters' mask token: one that text never holds
     tokenizer: Callable[[], Path] | None = None  # None: the model's own (GGUF metadata, tokenizer.json)
 
@@ -77,7 +79,8 @@ TARGETS = {
         smollm2_path,
         data.ASSETS_DIR / "smollm2",
         # Decoding reads every weight once per step: bf16 halves the bytes (the issue's numbers:
-        # 8 new tokens cost 1.17x one in bf16, 1.4-1.6x in fp32).
+        # 8 new tokens cost 1.17x one in bf16, 1.4-1.6x in fp32). Only where bf16 matmuls are
+        # fast (`cpu_bf16_pays`): on some CPUs they run 10-20x slower than fp32.
         torch.bfloat16,
         # SmolLM2 has no mask token; its Jupyter-output marker never occurs in chat, code or prose.
         "<empty_output>",
@@ -137,12 +140,37 @@ def target_of(model) -> KnownTarget | None:
     return known_target_at(source) if source is not None else None
 
 
+BF16_PAYS = 0.8  # bf16 is chosen on a CPU when its matmul takes at most this fraction of fp32's
+
+
+@functools.cache
+def cpu_bf16_pays() -> bool:
+    """Whether this CPU's bf16 matmuls beat fp32 ones, measured once per process on a verify
+    step's shape (8 tokens through a 1024 x 4096 weight; best of 5 interleaved rounds, about
+    20 ms in all). A CPU without a fast bf16 path (AVX512-BF16 or AMX, used by this torch
+    build) runs them through a slow fallback; one with it halves the bytes a step reads. The
+    margin keeps a machine from flipping between runs when the two are close."""
+    best = {}
+    for _ in range(5):
+        for dtype in (torch.float32, torch.bfloat16):
+            x, w = torch.ones(8, 1024, dtype=dtype), torch.ones(4096, 1024, dtype=dtype)
+            t0 = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best[dtype] = min(best.get(dtype, float("inf")), time.perf_counter() - t0)
+    return best[torch.bfloat16] <= BF16_PAYS * best[torch.float32]
+
+
 def target_dtype(ref: TargetRef, device: str | torch.device = "cpu") -> torch.dtype | None:
-    """The dtype a target runs in: on a CPU its known dtype (fp32 for other targets: exact, and
-    the dequantized GGUF weights are fp32); elsewhere the checkpoint's (None: load_model decides)."""
+    """The dtype a target runs in: on a CPU its known dtype, bf16 only where it pays
+    (`cpu_bf16_pays`), fp32 for other targets (exact, and the dequantized GGUF weights are
+    fp32); elsewhere the checkpoint's (None: load_model decides)."""
     if torch.device(device).type != "cpu":
         return None
-    return ref.known.cpu_dtype if ref.known else torch.float32
+    if not ref.known:
+        return torch.float32
+    if ref.known.cpu_dtype == torch.bfloat16 and not cpu_bf16_pays():
+        return torch.float32
+    return ref.known.cpu_dtype
 
 
 def load_target(ref: TargetRef, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
