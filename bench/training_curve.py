@@ -5,14 +5,14 @@
 
 Reads each run's metrics.jsonl (one held-out evaluation per line: step, minutes, τ) and its
 checkpoint's options (sequences per step, blocks per sequence, γ), so that "tokens" counts the
-block positions trained on: steps x batch x blocks x (γ - 1). An exported drafter directory
-(its MODEL_CARD.md's progress table and training commands, its config's γ) stands in for a
-run whose directory is gone:
-
-    python bench/training_curve.py python/flashspark/assets/smollm2/dflash --target-tau 3.0 --name smollm2
- Fits τ = a + b ln(minutes) to the
+block positions trained on: steps x batch x blocks x (γ - 1). Fits τ = a + b ln(minutes) to the
 second half of each run's evaluations and, labelled a projection, the minutes at which that
 trend would reach `--target-tau`. Writes bench/results/training_curve[_<name>].json and a PNG.
+
+An exported drafter directory (its MODEL_CARD.md's progress table and training commands, its
+config's γ) stands in for a run whose directory is gone:
+
+    python bench/training_curve.py python/flashspark/assets/smollm2/dflash --target-tau 3.0 --name smollm2
 """
 
 from __future__ import annotations
