@@ -88,7 +88,7 @@ class BenchTarget:
         from flashspark.train import self_instruct, target_data
 
         seeds = self_instruct.seed_set("heldout")
-        stop_ids = {i for i in (self.eos_id(), self.tokenizer.token_to_id(data.EOT_TOKEN)) if i is not None}
+        stop_ids = target_data.stop_token_ids(self.model, self.tokenizer)
         gen = torch.Generator(device=self.model.model.embed_tokens.weight.device).manual_seed(GENERAL_SEED)
         out, start = [], 0
         while len(out) < n and start < len(seeds):

@@ -158,41 +158,38 @@ def check_bar_methods(decoders: dict) -> None:
         seen[key] = spec
 
 
+def bar_check(bar: str, method: str, temperature: float, measured: float | None, threshold: float) -> dict:
+    """One bar: its text, what it measured (None: not measured) and whether that passed."""
+    return {
+        "bar": bar,
+        "method": method,
+        "temperature": temperature,
+        "measured": measured,
+        "threshold": threshold,
+        "passed": None if measured is None else measured >= threshold,
+    }
+
+
 def bar_checks(rows: list[dict], temperatures: list[float]) -> dict:
-    """The issue's bars on the "all" rows; a bar whose methods were not measured has passed None."""
+    """The issue's bars on the "all" rows (and the general-chat rows, when that task ran); a bar
+    whose methods were not measured has passed None."""
     tau = {(bar_method(r), r["temperature"]): r["tau"] for r in rows if r["task"] == ALL_TASKS}
-    checks = []
     general = {r["temperature"]: r["tau"] for r in rows if r["task"] == targets.GENERAL and bar_method(r) == "dflash"}
-    for where, measured, bar in (
-        ("", tau.get(("dflash", BAR_TEMPERATURE)), DFLASH_TAU_BAR),
-        (" on general chat", general.get(BAR_TEMPERATURE), GENERAL_TAU_BAR),
-    ):
-        if where and not general:
-            continue  # the general-chat task did not run
-        checks.append(
-            {
-                "bar": f"DFlash tau{where} >= {bar:g} at T = {BAR_TEMPERATURE:g}",
-                "method": "dflash",
-                "temperature": BAR_TEMPERATURE,
-                "measured": measured,
-                "threshold": bar,
-                "passed": None if measured is None else measured >= bar,
-            }
+    t0 = BAR_TEMPERATURE
+    checks = [
+        bar_check(
+            f"DFlash tau >= {DFLASH_TAU_BAR:g} at T = {t0:g}", "dflash", t0, tau.get(("dflash", t0)), DFLASH_TAU_BAR
         )
+    ]
+    if general:
+        bar = f"DFlash tau on general chat >= {GENERAL_TAU_BAR:g} at T = {t0:g}"
+        checks.append(bar_check(bar, "dflash", t0, general.get(t0), GENERAL_TAU_BAR))
     for t in temperatures:
         for method, ratio_bar in RATIO_BARS.items():
             base, tau_m = tau.get(("dflash", t)), tau.get((method, t))
             ratio = tau_m / base if base is not None and tau_m is not None else None
-            checks.append(
-                {
-                    "bar": f"{NAMES[method]} tau >= {ratio_bar:.2f} x DFlash tau at T = {t:g}",
-                    "method": method,
-                    "temperature": t,
-                    "measured": ratio,
-                    "threshold": ratio_bar,
-                    "passed": None if ratio is None else ratio >= ratio_bar,
-                }
-            )
+            bar = f"{NAMES[method]} tau >= {ratio_bar:.2f} x DFlash tau at T = {t:g}"
+            checks.append(bar_check(bar, method, t, ratio, ratio_bar))
     measured = [c["passed"] for c in checks if c["passed"] is not None]
     return {"checks": checks, "all_passed": bool(measured) and all(measured), "unmeasured": len(checks) - len(measured)}
 

@@ -129,8 +129,9 @@ done
 step dflash2 "$WORK/dflash2/ckpt.pt" $PY -m flashspark train dflash2 "${train_opts[@]}" --init-from "$OUT/dflash" \
   --share-backbone --share-weights-with "$OUT/dflash" --lr "$DERIVED_LR" --minutes "$DFLASH2_MIN" \
   --selector-rank "$SELECTOR_RANK" --out "$WORK/dflash2" --export "$OUT/dflash2"
-dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash" --markov-rank "$MARKOV_RANK")
-[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor --markov-rank "$MARKOV_RANK")
+dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash")
+[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor)
+dspark_opts+=(--markov-rank "$MARKOV_RANK")
 step dspark "$WORK/dspark/ckpt.pt" $PY -m flashspark train dspark "${train_opts[@]}" --init-from "$OUT/dflash" \
   "${dspark_opts[@]}" --lr "$DERIVED_LR" \
   --calib-from "$WORK/data_calibration" --calib-sequences "$EVAL_SEQ" --minutes "$DSPARK_MIN" \

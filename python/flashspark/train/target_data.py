@@ -192,6 +192,11 @@ def continue_batch(target, prompts: list[list[int]], max_new_tokens: int, layer_
     return out
 
 
+def stop_token_ids(target, tok) -> set[int]:
+    """Where a continuation stops: the target's EOS and the tokenizer's <|endoftext|>, those that exist."""
+    return {i for i in (catalog.eos_token_id(target, tok), tok.token_to_id(data.EOT_TOKEN)) if i is not None}
+
+
 def render_taken(taken, target, tok, chat, stop_ids, seed: int, offset: int) -> list[str | None]:
     """The prompt texts of `PromptStream.take`'s prompts: self-instruct seeds become the requests
     the target writes (sampled with a generator seeded by the shard and the batch position, so a
@@ -350,7 +355,7 @@ def _generate(a: DataArgs, kinds, out: Path) -> dict:
         }
     progress.setdefault("commands", []).append(a.command)
     stream = PromptStream(a.split, kinds, a.max_prompts, progress["cursors"], progress["turn"])
-    stop_ids = {i for i in (catalog.eos_token_id(target, tok), tok.token_to_id(data.EOT_TOKEN)) if i is not None}
+    stop_ids = stop_token_ids(target, tok)
     budget = a.minutes * 60.0
     bar = tqdm(total=round(budget), initial=min(round(progress["seconds"]), round(budget)), unit="s", desc="generate")
     bar.set_postfix(tokens=progress["tokens"], refresh=False)
