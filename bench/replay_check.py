@@ -44,6 +44,9 @@ from flashspark.scheduling import costs
 from flashspark.scheduling.replay import FixedPolicy, Trace, replay
 
 RESULTS = Path(__file__).resolve().parent / "results"
+COMBO_METHOD = "dflash2:sched=confidence"
+# Issue 33's bars for the combination measured on this CPU (the replay's are combo_replay.BARS).
+BARS = {"over_best_fixed": 0.95, "over_plain": 0.97}
 # Plain decoding, fixed K of every drafter (DFlash also at K = 3), both confidence schedulers.
 METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence", "dflash2:sched=confidence"]
 
@@ -167,6 +170,27 @@ def check(
     return rows
 
 
+def measured_bars(rows: list[dict]) -> list[dict]:
+    """Issue 33's bars on the measured side, per temperature and concurrency: the combination's
+    paired speedup over the best fixed K's (the best measured method of a fixed K) and over
+    plain decoding's (1 by construction of the paired ratios)."""
+    out = []
+    for key in sorted({(r["task"], r["temperature"], r["concurrency"]) for r in rows}):
+        cell = {
+            r["method"]: r["measured_paired"] for r in rows if (r["task"], r["temperature"], r["concurrency"]) == key
+        }
+        fixed = {m: v for m, v in cell.items() if m != "ar" and parse_method(m).scheduler == "fixed"}
+        if COMBO_METHOD not in cell or not fixed:
+            continue
+        best = max(fixed, key=fixed.get)
+        combo = cell[COMBO_METHOD]
+        out.append({"task": key[0], "temperature": key[1], "concurrency": key[2], "combination": combo,
+                    "best_fixed": best, "best_fixed_speedup": fixed[best],
+                    "over_best_fixed": combo / fixed[best], "over_plain": combo,
+                    "met": combo / fixed[best] >= BARS["over_best_fixed"] and combo >= BARS["over_plain"]})  # fmt: skip
+    return out
+
+
 def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]:
     """`--measure`: per temperature, `--rounds` rounds, each the loop-step rests (cost_fit's
     `step_rests`, one run each) then one `e2e_bench` repeat of every method, right after one
@@ -266,6 +290,14 @@ def main(argv=None) -> int:
     agree = sum(r["agrees"] for r in rows)
     worst = max(abs(r["relative_error"]) for r in rows)
     print(f"{agree} of {len(rows)} cells within ±{100 * args.tolerance:.0f}% (worst {100 * worst:.1f}%)")
+    bars = measured_bars(rows)
+    if bars:
+        print(f"measured: the combination over the best fixed K (bar {BARS['over_best_fixed']}) and over plain "
+              f"(bar {BARS['over_plain']}), paired")  # fmt: skip
+        for b in bars:
+            print(f"{b['task']:>6} {b['temperature']:>3g} c={b['concurrency']:<3} {b['over_best_fixed']:.3f} "
+                  f"({b['best_fixed']} {b['best_fixed_speedup']:.2f}x) {b['over_plain']:.3f}"
+                  f"{'' if b['met'] else '  NOT MET'}")  # fmt: skip
     result = {
         **timing.result_header("replay_check", "replay_check.py", argv, "cpu"),
         "label": "REPLAY against measured",
@@ -277,6 +309,7 @@ def main(argv=None) -> int:
         "cells": len(rows),
         "worst_relative_error": worst,
         "rows": rows,
+        "measured_bars": bars,
     }
     if args.measure:
         result["rounds"] = [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]

@@ -348,7 +348,6 @@ class Decoder:
         self.step_costs: dict[int, tuple[float, int]] = {}  # per batch size: measured / predicted step seconds
         self.sps: dict[int, tuple[SPSTable, SPSTable]] = {}  # per batch size: (speculative, plain) step rates
         self.verdict = BatchVerdict()  # per batch size and temperature: speculate or decode plainly
-        self.plain_step: dict[int, float] = {}  # per batch size: seconds of a plain decode step, measured
 
     def prepare(self, batch_size: int, temperature: float) -> None:
         self.scheduler_for(batch_size, temperature)
@@ -357,7 +356,7 @@ class Decoder:
         """Drop what calls have taught (verdicts, the priors' and proxies' online updates, measured
         step costs), keeping the one-off step-rate profiles: a warm-up call must not decide how
         the calls measured after it decode."""
-        self.proxies, self.priors, self.step_costs, self.plain_step = {}, {}, {}, {}
+        self.proxies, self.priors, self.step_costs = {}, {}, {}
         self.verdict = BatchVerdict()
 
     def scheduler_for(self, batch_size: int, temperature: float, prior=None, step_prior=None):
@@ -417,8 +416,7 @@ class Decoder:
                 predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens) / scheduler.min_gain
             if not self.verdict.choose(key, predicted):
                 out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
-                self.verdict.record(key, False, stats["tokens_per_s"])
-                self.plain_step[B] = stats["decode_seconds"] / max(1, stats["plain_steps"])
+                self.verdict.record(key, False, stats["tokens_per_s"], self.plain_estimate(B, out, stats))
                 return out, stats
         out, stats = speculative_generate(
             self.target,
@@ -442,17 +440,15 @@ class Decoder:
         return out, stats
 
     def plain_estimate(self, batch_size: int, outputs, stats) -> float | None:
-        """Tokens/s plain decoding would have reached on a batch just decoded speculatively: its
-        prefill, then one plain step per token of its longest output after the first (the
-        prefill draws it), at the plain step time measured on the last plain batch of this size,
-        else the profiled forward's (scheduling/verdict.py: the counterfactual plain rate)."""
+        """Tokens/s plain decoding is estimated to reach on a batch just decoded: its prefill,
+        then one plain step per token of its longest output after the first (the prefill draws
+        it), at the profiled forward's step time. For a speculative batch the counterfactual
+        plain rate; for a plain one the same estimator's figure, whose error the verdict takes
+        out of the former (scheduling/verdict.py)."""
         steps = max((len(o) for o in outputs), default=0) - 1
-        if batch_size in self.plain_step:
-            step = self.plain_step[batch_size]
-        elif batch_size in self.sps:
-            step = 1.0 / float(self.sps[batch_size][1].rate(batch_size))
-        else:
+        if batch_size not in self.sps:
             return None
+        step = 1.0 / float(self.sps[batch_size][1].rate(batch_size))
         seconds = stats["prefill_seconds"] + max(0, steps) * step
         return stats["new_tokens"] / seconds if seconds > 0 else None
 

@@ -100,3 +100,25 @@ def test_cost_fit_then_replay_on_it(tmp_path):
     e2e["max_new_tokens"] = 64  # other runs than the traces': refused
     path.write_text(json.dumps(e2e))
     assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 2
+
+
+def test_bars_take_each_orders_best_fixed_k():
+    # Two orders: the best fixed K differs between them; the combination is judged against each
+    # order's own best, and the worst order decides the bar.
+    ratios = {"plain": [1.0, 1.0], "DFlash K=1": [1.2, 1.0], "DFlash K=2": [1.0, 1.5]}
+    ratios[combo_replay.COMBO] = [1.2, 1.44]
+    b = combo_replay.bars(ratios)
+    assert b["over_best_fixed"]["worst"] == pytest.approx(0.96) and not b["over_best_fixed"]["met"]
+    assert b["over_plain"]["worst"] == pytest.approx(1.2) and b["over_plain"]["met"]
+    ratios[combo_replay.COMBO] = [1.2, 1.47]
+    assert combo_replay.bars(ratios)["over_best_fixed"]["met"]
+
+
+def test_measured_bars_against_the_best_fixed_k():
+    row = {"task": "chat", "temperature": 0.0, "concurrency": 1}
+    rows = [row | {"method": m, "measured_paired": v} for m, v in
+            (("ar", 1.0), ("dflash:k=3", 1.30), ("dflash2", 1.10), ("dflash2:sched=confidence", 1.25))]  # fmt: skip
+    (b,) = replay_check.measured_bars(rows)
+    assert b["best_fixed"] == "dflash:k=3" and b["over_best_fixed"] == pytest.approx(1.25 / 1.30) and b["met"]
+    rows[-1]["measured_paired"] = 1.2  # 0.923 of the best fixed K
+    assert not replay_check.measured_bars(rows)[0]["met"]

@@ -122,11 +122,14 @@ def test_confidence_scheduler_replays_on_a_source(recorded):
 @pytest.mark.parametrize("k", [0, 2, 7])
 def test_fixed_k_in_closed_form_is_the_step_loop(recorded, k):
     """`replay` of a fixed K skips the step loop (a request's steps do not depend on the
-    others'); every count and the seconds equal the loop's, for any batch size and order."""
+    others'); every count and the seconds equal the loop's, for any batch size and order, a
+    stream that decodes requests again included (replay.stream)."""
     trace = Trace.load(recorded / "tiny_dflash2_t0.npz")
     costs = costs_for(trace)
-    order = np.random.default_rng(k).permutation(trace.requests)
-    for c in (1, 3, 8):
+    rng = np.random.default_rng(k)
+    stream = replay_mod.stream(rng, trace.requests, 2 * trace.requests + 5)
+    assert len(stream) == 2 * trace.requests + 5 and sorted(stream[: trace.requests]) == list(range(trace.requests))
+    for c, order in ((1, rng.permutation(trace.requests)), (3, stream), (8, stream)):
         fast = replay(trace, FixedPolicy(k), c, costs, order)
         loop = replay(trace, FixedPolicy(k), c, costs, order, fast=False)
         counts = ("tokens", "steps", "accepted", "iterations", "plain_steps", "verified")

@@ -66,8 +66,9 @@ def test_notices_a_change_and_keys_are_separate():
 def test_counterfactual_plain_rates_spare_the_probes():
     """Speculative batches also report the plain rate they estimate (their prefill plus a plain
     step per token of their longest output): measured at 1.5x that estimate, 32 batches pay no
-    whole plain batch (without estimates plain is probed at batches 4 and 13)."""
-    for estimates, plain_batches in ((True, []), (False, [4, 13])):
+    whole plain batch (without estimates plain is probed at batch 4, and having lost, not
+    again before batch 4 + 2^(2 + 3))."""
+    for estimates, plain_batches in ((True, []), (False, [4])):
         v = BatchVerdict()
         arms = []
         for _ in range(32):
@@ -90,3 +91,37 @@ def test_a_biased_plain_estimate_is_probed_and_corrected():
         v.record(1, arm, 15.0 if arm else 20.0, 10.0 if arm else None)
     first_plain = arms.index(False)
     assert first_plain == 64 and sum(arms[first_plain:]) <= 0.1 * len(arms[first_plain:])
+
+
+@pytest.mark.parametrize("predicted", [0.66, 1.2])
+def test_a_lost_probe_never_brings_the_next_one_sooner(predicted):
+    """Speculation measures 0.72x plain. Predicted 0.66x: plain runs, speculation is probed after
+    2^3 batches and loses, and its next probe waits 2^(3 + 2) more, not 2^2 (the first probe's
+    wait was dropped). Predicted 1.2x: the first batch speculates, its counterfactual plain
+    rate puts it behind at once: its probe waits 2^2 batches (not one), the next 2^(2 + 2)."""
+    v = BatchVerdict()
+    arms = []
+    for _ in range(48):
+        arm = v.choose(1, predicted)
+        arms.append(arm)
+        v.record(1, arm, 7.2 if arm else 10.0, 10.0 if arm else None)
+    spec = [i for i, a in enumerate(arms) if a]
+    assert spec == ([8, 41] if predicted < 1 else [0, 5, 22])
+
+
+@pytest.mark.parametrize("bias", [1.0, 1.5])
+def test_paired_ratios_see_through_batch_to_batch_spread(bias):
+    """Batches differ by up to 30% in tokens/s (which requests share one), speculation pays 4%:
+    compared batch by batch with the plain rate estimated on each (here biased by `bias`, which
+    the plain batches' own estimates take out), speculation wins; the arms' means over
+    different batches would flip back and forth."""
+    rng = np.random.default_rng(2)
+    v = BatchVerdict()
+    arms = []
+    for _ in range(64):
+        arm = v.choose(1, 1.02)
+        arms.append(arm)
+        hardness = rng.uniform(0.7, 1.3)
+        v.record(1, arm, 10.0 * hardness * (1.04 if arm else 1.0), 10.0 * hardness * bias)
+    assert sum(arms[16:]) >= 0.9 * len(arms[16:])
+    assert v.ratio(1, 1.02) == pytest.approx(1.04)

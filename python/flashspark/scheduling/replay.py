@@ -200,11 +200,9 @@ class SchedulerPolicy:
 
     def end_batch(self, batch_size: int, speculated: bool, tokens: int, seconds: float, plain_seconds: float) -> None:
         """A batch is done: its tokens and seconds, and the seconds plain decoding would have taken
-        on it (the verdict's counterfactual plain rate; exact here, where the cost model is the clock)."""
+        on it (the verdict's estimated plain rate; exact here, where the cost model is the clock)."""
         if self.verdict is not None:
-            self.verdict.record(
-                batch_size, speculated, tokens / seconds, tokens / plain_seconds if speculated else None
-            )
+            self.verdict.record(batch_size, speculated, tokens / seconds, tokens / plain_seconds)
 
     def wants_draft(self, active: np.ndarray) -> bool:
         return self.scheduler.wants_draft(torch.from_numpy(active))
@@ -252,9 +250,10 @@ def outcome(k: np.ndarray, accepted: np.ndarray) -> np.ndarray:
 def replay(
     trace: Trace, policy, concurrency: int, costs: StepCosts, order: np.ndarray | None = None, fast: bool = True
 ) -> Replayed:
-    """Decode the trace's requests (in `order`, default as recorded) in batches of
-    `concurrency` under `policy`, priced by `costs` (module docstring). A `FixedPolicy` is
-    replayed in closed form unless `fast` is False (the same numbers, step by step)."""
+    """Decode the trace's requests (in `order`, default as recorded; an order may repeat
+    requests, a stream longer than the trace, see `stream`) in batches of `concurrency` under
+    `policy`, priced by `costs` (module docstring). A `FixedPolicy` is replayed in closed form
+    unless `fast` is False (the same numbers, step by step)."""
     per_request = trace.rows_of()
     order = np.arange(trace.requests) if order is None else np.asarray(order)
     if fast and type(policy) is FixedPolicy:
@@ -297,6 +296,15 @@ def replay(
     return total
 
 
+def stream(rng: np.random.Generator, requests: int, length: int) -> np.ndarray:
+    """A request order of `length` drawn as consecutive shuffles of the trace's `requests`: a
+    server keeps serving, so a replay at concurrency c over a trace of fewer than a few
+    batches' worth of requests decodes some of them again (each pass in a new order), as
+    requests are exchangeable as the steps are."""
+    passes = -(-length // requests)
+    return np.concatenate([rng.permutation(requests) for _ in range(passes)])[:length]
+
+
 def _replay_fixed(
     trace: Trace, k: int, concurrency: int, costs: StepCosts, order: np.ndarray, per_request: list[np.ndarray]
 ) -> Replayed:
@@ -315,7 +323,9 @@ def _replay_fixed(
         emitted = np.cumsum(outcome(np.full(len(cycle), k), trace.accepted[cycle]) + 1)
         steps[r] = int(np.searchsorted(emitted, left[r])) + 1  # the first step that reaches it
         accepted[r] = int(emitted[steps[r] - 1]) - steps[r]
-    total = Replayed(0, 0.0, int(steps.sum()), int(accepted.sum()), 0, verified=k * int(steps.sum()))
+    # Counted over the order, which may decode a request more than once (a stream of requests).
+    n_steps = int(steps[order].sum())
+    total = Replayed(0, 0.0, n_steps, int(accepted[order].sum()), 0, verified=k * n_steps)
     for start in range(0, len(order), concurrency):
         batch = order[start : start + concurrency]
         B, iterations = len(batch), int(steps[batch].max())

@@ -8,22 +8,30 @@ plainly in one run at 1.05x while a fixed K ran at 1.41x).
 
 `BatchVerdict` is a two-armed bandit per key (batch size, temperature): arm True speculates,
 arm False decodes plainly; each batch's measured tokens/s goes to the arm that ran it. The
-ratio of the two arms' mean tokens/s over their last `window` batches decides; an arm not yet
-measured takes the prior's predicted ratio (speculation's tokens/s over plain decoding's,
-from the scheduler's confidences and step tables).
+ratio of the two arms over their last `window` batches decides; an arm not yet measured
+takes the prior's predicted ratio (speculation's tokens/s over plain decoding's, from the
+scheduler's confidences and step tables).
 
-**Counterfactual plain rates.** A speculative batch also says what plain decoding would have
-taken on it: its prefill plus one plain step (measured on an earlier plain batch, else the
-profiled forward) per token of its longest request. Until a plain batch is measured, that
-estimate stands for the plain arm, so a batch size where speculation clearly wins need not
-pay whole plain batches to learn it.
+**Counterfactual plain rates, paired.** A speculative batch also says what plain decoding would
+have taken on it: its prefill plus one plain step (the profiled forward) per token of its
+longest request. Batches differ (a batch lasts as long as its longest request, and which
+requests share one changes its tokens/s by 10% and more), so the arms' mean tokens/s over
+different batches compare noisily. The ratio is taken per batch instead: each speculative
+batch's tokens/s over the plain rate estimated on it. A plain batch reports the same
+estimator's figure for itself, and its measured-over-estimated ratio takes the estimator's
+bias out. Until a plain batch is measured the estimate is taken as unbiased, so a batch size
+where speculation clearly wins need not pay whole plain batches to learn it. Batches without
+estimates fall back to the arms' mean tokens/s.
 
 **Probes.** The other arm is still probed, after 2^lost batches: `lost` starts at
 1 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
 late), ESTIMATE_DOUBLINGS more when the ratio rests on counterfactual estimates (they only
-miss by the plain step's error), and grows by as much after each probe it loses. An arm that
-keeps losing is probed ever more rarely (the probes cost O(log n) of n batches), one that
-wins a probe takes over, and a changed load or machine is noticed at the next probe.
+miss by the plain step's error), and grows by as much after each probe it loses: a probe never
+comes sooner than the one before it did (a first probe that confirms the prediction waits the
+prediction's doublings plus its own). An arm whose first batch, run as the favoured arm,
+already measures behind the other waits as if it had lost a probe. An arm that keeps losing
+is probed ever more rarely (the probes cost O(log n) of n batches), one that wins a probe
+takes over, and a changed load or machine is noticed at the next probe.
 """
 
 from __future__ import annotations
@@ -40,13 +48,20 @@ def _backoff(ratio: float) -> int:
 class _Arms:
     def __init__(self, window: int):
         self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent batches
+        # Each batch's tokens/s over the plain rate estimated on it (None: no estimate).
+        self.paired = {True: deque(maxlen=window), False: deque(maxlen=window)}
         self.since = {True: 0, False: 0}  # batches since the arm last ran
         self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
-        self.plain_estimates = deque(maxlen=window)  # counterfactual plain tokens/s of speculative batches
+        self.first_lost = {}  # an arm not yet measured: the doublings its first probe waited
 
     def mean(self, arm: bool) -> float | None:
         r = self.rates[arm]
         return sum(r) / len(r) if r else None
+
+    def paired_mean(self, arm: bool) -> float | None:
+        """The mean of the arm's paired ratios, if every recent batch of the arm carries one."""
+        r = self.paired[arm]
+        return None if not r or None in r else sum(r) / len(r)
 
 
 class BatchVerdict:
@@ -62,19 +77,25 @@ class BatchVerdict:
             self.arms[key] = _Arms(self.window)
         return self.arms[key]
 
-    def _plain(self, a: _Arms) -> float | None:
-        """The plain arm's tokens/s: measured, else estimated from speculative batches, else None."""
-        if a.rates[False]:
-            return a.mean(False)
-        e = a.plain_estimates
-        return sum(e) / len(e) if e else None
+    def _measured_ratio(self, a: _Arms) -> float | None:
+        """Speculation's tokens/s over plain decoding's from the batches run, or None. Paired
+        where the batches carry plain estimates: each speculative batch against the estimate
+        on it, the estimator's bias taken out by the plain batches' own measured-over-estimated
+        ratios (none measured: unbiased). Else the two arms' mean tokens/s."""
+        spec = a.paired_mean(True)
+        if spec is not None:
+            bias = a.paired_mean(False) if a.rates[False] else 1.0
+            if bias is not None:
+                return spec / bias
+        if a.rates[True] and a.rates[False]:
+            return a.mean(True) / a.mean(False)
+        return None
 
     def ratio(self, key, predicted_gain: float) -> float:
-        """Speculation's tokens/s over plain decoding's: measured (or the plain arm estimated from
-        speculative batches) where there are both, else predicted."""
-        a = self._arms(key)
-        spec, plain = a.mean(True), self._plain(a)
-        return spec / plain if spec is not None and plain is not None else predicted_gain
+        """Speculation's tokens/s over plain decoding's: measured where there is a measurement
+        of both (the plain arm possibly as estimates on speculative batches), else predicted."""
+        measured = self._measured_ratio(self._arms(key))
+        return predicted_gain if measured is None else measured
 
     def choose(self, key, predicted_gain: float) -> bool:
         """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
@@ -85,8 +106,9 @@ class BatchVerdict:
         other = not best
         lost = a.lost[other]
         if lost is None:
-            estimated = a.rates[True] and not a.rates[False] and a.plain_estimates
+            estimated = a.rates[True] and not a.rates[False] and self._measured_ratio(a) is not None
             lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
+            a.first_lost[other] = lost
         measured = bool(a.rates[True] or a.rates[False])
         probe = measured and a.since[other] >= 2**lost
         arm = other if probe else best
@@ -94,20 +116,31 @@ class BatchVerdict:
         return arm
 
     def record(self, key, arm: bool, tokens_per_s: float, plain_estimate: float | None = None) -> None:
-        """The measured tokens/s of a batch of `key` that ran `arm`; for a speculative batch,
-        optionally the tokens/s plain decoding is estimated to have reached on it."""
+        """The measured tokens/s of a batch of `key` that ran `arm`, and optionally the tokens/s
+        plain decoding is estimated to reach on it (for a speculative batch its counterfactual
+        rate; for a plain batch what the same estimator said of it, which measures its bias)."""
         a = self._arms(key)
         _, probe, best = self.last.get(key, (arm, False, arm))
-        rival = a.mean(True) if best else self._plain(a)
-        if probe and arm != best and rival is not None and tokens_per_s < rival:
-            a.lost[arm] = (a.lost[arm] or 0) + _backoff(rival / tokens_per_s)
-        elif a.lost[arm] is None or (probe and arm != best):
-            a.lost[arm] = 0  # measured now, or won its probe: probed again soon if it falls behind
+        first = a.lost[arm] is None
         a.rates[arm].append(tokens_per_s)
-        if arm and plain_estimate is not None and plain_estimate > 0:
-            a.plain_estimates.append(plain_estimate)
+        ok = plain_estimate is not None and plain_estimate > 0
+        a.paired[arm].append(tokens_per_s / plain_estimate if ok else None)
         a.since[arm] = 0
         a.since[not arm] += 1
+        r = self._measured_ratio(a)
+        behind = r is not None and (r < 1.0 if arm else r >= 1.0)
+        if probe and arm != best:
+            if behind:
+                # Lost its probe: the next waits longer than this one did (a first probe waited
+                # what the prediction earned), never less.
+                waited = a.first_lost.get(arm, 0) if first else a.lost[arm]
+                a.lost[arm] = waited + _backoff(r)
+            else:
+                a.lost[arm] = 0  # won its probe: probed again soon if it falls behind
+        elif first:
+            # Measured for the first time as the favoured arm: if that already puts it behind the
+            # other (say against the plain rate estimated on it), its probe waits by how far.
+            a.lost[arm] = _backoff(r) if behind else 0
 
     def state(self) -> dict:
         return {
