@@ -48,7 +48,7 @@ COMBO_METHOD = "dflash2:sched=confidence"
 # Issue 33's bars for the combination measured on this CPU (the replay's are combo_replay.BARS).
 BARS = {"over_best_fixed": 0.95, "over_plain": 0.97}
 # Plain decoding, fixed K of every drafter (DFlash also at K = 3), both confidence schedulers.
-METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence", "dflash2:sched=confidence"]
+METHODS = ["ar", "dflash", "dflash:k=3", "dflash2", "dspark", "dspark:sched=confidence", COMBO_METHOD]
 
 
 def policy_for(method: str, traces: dict, hardware, rest: dict, target: str, elem: float):

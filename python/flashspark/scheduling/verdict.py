@@ -101,12 +101,13 @@ class BatchVerdict:
         """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
         prior's predicted gain (speculation's tokens/s over plain decoding's)."""
         a = self._arms(key)
-        r = self.ratio(key, predicted_gain)
+        measured_ratio = self._measured_ratio(a)
+        r = predicted_gain if measured_ratio is None else measured_ratio
         best = r >= 1.0
         other = not best
         lost = a.lost[other]
         if lost is None:
-            estimated = a.rates[True] and not a.rates[False] and self._measured_ratio(a) is not None
+            estimated = a.rates[True] and not a.rates[False] and measured_ratio is not None
             lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
             a.first_lost[other] = lost
         measured = bool(a.rates[True] or a.rates[False])
