@@ -71,7 +71,8 @@ PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confide
 # steps (ConfidenceScheduler.min_rows) or decodes a whole batch plainly.
 MIN_PRIOR_ROWS = 64
 # The predicted gain of speculation without a prior: it runs first, plain decoding is first
-# probed after 2^3 batches (scheduling/verdict.py).
+# probed after 2^5 batches, sooner (after 2^2 or more) if the first batch's counterfactual plain
+# rate already puts speculation behind (scheduling/verdict.py).
 NO_PRIOR_GAIN = 2.0
 # Weight, in rows, of the shipped prior: enough to judge a first batch, little enough that a
 # batch or two of other text (and its verify outcomes) moves the estimate.

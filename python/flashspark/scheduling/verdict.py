@@ -23,10 +23,19 @@ bias out. Until a plain batch is measured the estimate is taken as unbiased, so 
 where speculation clearly wins need not pay whole plain batches to learn it. Batches without
 estimates fall back to the arms' mean tokens/s.
 
+**A tie goes to plain.** Speculation is favoured only when it measures MARGIN (2%) ahead:
+per-batch ratios spread by 10% and more, so arms within 2% of each other swap on noise, and
+in the replay (bench/combo_replay.py, H200 projection, concurrency 8-16) the swaps cost up
+to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter. (The prior's prediction
+carries its own margin, the scheduler's `min_gain`.)
+
 **Probes.** The other arm is still probed, after 2^lost batches: `lost` starts at
-1 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
-late), ESTIMATE_DOUBLINGS more when the ratio rests on counterfactual estimates (they only
-miss by the plain step's error), and grows by as much after each probe it loses: a probe never
+2 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
+late; even a prediction at even waits 4 batches, so that a probe that loses is not repeated
+within the first 16: a probe costs up to (1 - ratio) of a batch, and two of them in 16
+batches cost 2% of plain decoding in the replay at concurrency 8-64), ESTIMATE_DOUBLINGS
+more when the ratio rests on counterfactual estimates (they only miss by the plain step's
+error), and grows by as much after each probe it loses: a probe never
 comes sooner than the one before it did (a first probe that confirms the prediction waits the
 prediction's doublings plus its own). An arm whose first batch, run as the favoured arm,
 already measures behind the other waits as if it had lost a probe. An arm that keeps losing
@@ -42,7 +51,7 @@ from collections import deque
 
 def _backoff(ratio: float) -> int:
     """Doublings of the probe interval a measured or predicted ratio between the arms earns."""
-    return 1 + round(3 * abs(math.log2(max(ratio, 1e-9))))
+    return 2 + round(3 * abs(math.log2(max(ratio, 1e-9))))
 
 
 class _Arms:
@@ -66,9 +75,11 @@ class _Arms:
 
 class BatchVerdict:
     ESTIMATE_DOUBLINGS = 3
+    MARGIN = 1.02  # speculation must measure this far ahead of plain decoding to be favoured
 
-    def __init__(self, window: int = 8):
+    def __init__(self, window: int = 8, margin: float = MARGIN):
         self.window = window
+        self.margin = margin
         self.arms: dict = {}
         self.last: dict = {}  # key -> (arm, whether it was a probe, the favoured arm)
 
@@ -102,7 +113,7 @@ class BatchVerdict:
         prior's predicted gain (speculation's tokens/s over plain decoding's)."""
         a = self._arms(key)
         measured_ratio = self._measured_ratio(a)
-        r = predicted_gain if measured_ratio is None else measured_ratio
+        r = predicted_gain if measured_ratio is None else measured_ratio / self.margin
         best = r >= 1.0
         other = not best
         lost = a.lost[other]
@@ -129,6 +140,7 @@ class BatchVerdict:
         a.since[arm] = 0
         a.since[not arm] += 1
         r = self._measured_ratio(a)
+        r = None if r is None else r / self.margin
         behind = r is not None and (r < 1.0 if arm else r >= 1.0)
         if probe and arm != best:
             if behind:
