@@ -26,8 +26,8 @@ estimates fall back to the arms' mean tokens/s.
 **A tie goes to plain.** Speculation is favoured only when it measures MARGIN (2%) ahead:
 per-batch ratios spread by 10% and more, so arms within 2% of each other swap on noise, and
 in the replay (bench/combo_replay.py, H200 projection, concurrency 8-16) the swaps cost up
-to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter. (The prior's prediction
-carries its own margin, the scheduler's `min_gain`.)
+to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter.
+(The prior's prediction carries its own margin, the scheduler's `min_gain`.)
 
 **Probes.** The other arm is still probed, after 2^lost batches: `lost` starts at
 2 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
@@ -35,9 +35,9 @@ late; even a prediction at even waits 4 batches, so that a probe that loses is n
 within the first 16: a probe costs up to (1 - ratio) of a batch, and two of them in 16
 batches cost 2% of plain decoding in the replay at concurrency 8-64), ESTIMATE_DOUBLINGS
 more when the ratio rests on counterfactual estimates (they only miss by the plain step's
-error), and grows by as much after each probe it loses: a probe never
-comes sooner than the one before it did (a first probe that confirms the prediction waits the
-prediction's doublings plus its own). An arm whose first batch, run as the favoured arm,
+error), and grows by as much after each probe it loses: a probe never comes sooner than the
+one before it did (a first probe that confirms the prediction waits the prediction's
+doublings plus its own). An arm whose first batch, run as the favoured arm,
 already measures behind the other waits as if it had lost a probe. An arm that keeps losing
 is probed ever more rarely (the probes cost O(log n) of n batches), one that wins a probe
 takes over, and a changed load or machine is noticed at the next probe.
@@ -102,6 +102,11 @@ class BatchVerdict:
             return a.mean(True) / a.mean(False)
         return None
 
+    def _judged_ratio(self, a: _Arms) -> float | None:
+        """The measured ratio as the verdict judges it: over the margin speculation must clear."""
+        r = self._measured_ratio(a)
+        return None if r is None else r / self.margin
+
     def ratio(self, key, predicted_gain: float) -> float:
         """Speculation's tokens/s over plain decoding's: measured where there is a measurement
         of both (the plain arm possibly as estimates on speculative batches), else predicted."""
@@ -112,8 +117,8 @@ class BatchVerdict:
         """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
         prior's predicted gain (speculation's tokens/s over plain decoding's)."""
         a = self._arms(key)
-        measured_ratio = self._measured_ratio(a)
-        r = predicted_gain if measured_ratio is None else measured_ratio / self.margin
+        measured_ratio = self._judged_ratio(a)
+        r = predicted_gain if measured_ratio is None else measured_ratio
         best = r >= 1.0
         other = not best
         lost = a.lost[other]
@@ -139,8 +144,7 @@ class BatchVerdict:
         a.paired[arm].append(tokens_per_s / plain_estimate if ok else None)
         a.since[arm] = 0
         a.since[not arm] += 1
-        r = self._measured_ratio(a)
-        r = None if r is None else r / self.margin
+        r = self._judged_ratio(a)
         behind = r is not None and (r < 1.0 if arm else r >= 1.0)
         if probe and arm != best:
             if behind:
