@@ -70,10 +70,6 @@ PRIOR_FILE = "scheduler_prior.json"  # `python -m flashspark fit-prior`: confide
 # Confidence rows (request-steps) that must back the mean before a decoder's scheduler runs plain
 # steps (ConfidenceScheduler.min_rows) or decodes a whole batch plainly.
 MIN_PRIOR_ROWS = 64
-# The predicted gain of speculation without a prior: it runs first, plain decoding is first
-# probed after 2^5 batches, sooner (after 2^2 or more) if the first batch's counterfactual plain
-# rate already puts speculation behind (scheduling/verdict.py).
-NO_PRIOR_GAIN = 2.0
 # Weight, in rows, of the shipped prior: enough to judge a first batch, little enough that a
 # batch or two of other text (and its verify outcomes) moves the estimate.
 SHIPPED_PRIOR_ROWS = 256
@@ -192,10 +188,11 @@ def load_method_drafter(name: str, target, path: str | Path | None = None, use_o
 
 def drafter_head_dtype(target) -> torch.dtype | None:
     """The dtype of the drafter's LM head at inference: bf16 where the target runs fp32 on a CPU
-    with bf16 dot-product units (the head is the drafter's largest matmul; in the loop its draft
-    time fell 15% at 8 requests, τ unchanged to 0.3%), else the target's own dtype (None)."""
+    whose bf16 matmuls pay (`catalog.cpu_bf16_pays`; the head is the drafter's largest matmul;
+    in the loop its draft time fell 15% at 8 requests, τ unchanged to 0.3%), else the target's
+    own dtype (None)."""
     w = target.lm_head.weight
-    if w.device.type == "cpu" and w.dtype == torch.float32 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if w.device.type == "cpu" and w.dtype == torch.float32 and catalog.cpu_bf16_pays():
         return torch.bfloat16
     return None
 
@@ -411,7 +408,7 @@ class Decoder:
             # Speculate or decode the batch plainly: a bandit over both's measured tokens/s
             # (scheduling/verdict.py), the prior's predicted gain (over the margin speculation
             # must promise) until there are measurements.
-            predicted = NO_PRIOR_GAIN
+            predicted = None  # no prior: speculation runs first, its measurements decide
             if prior is not None and prior.rows >= scheduler.min_rows:
                 survival = conditional(prior.mean_survival())
                 predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens) / scheduler.min_gain

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,26 @@ def test_replay_from_committed_traces(tmp_path):
     assert out.with_suffix(".png").is_file()
     check = result["published_check"]  # the roofline against DFlash's 4.86x at tau 6.49 (Qwen3-8B, H200)
     assert check["speedup"] == 4.86 and 1.0 < check["projected_over_published"] < 1.3
+
+
+def test_each_method_is_judged_against_plain_decoding_of_its_own_trace(tmp_path):
+    # At T = 1 each drafter's trace holds its own samples, so its requests stop at other
+    # lengths (EOS) and plain decoding runs at another rate on each; a ratio taken over another
+    # trace's plain rate would measure the lengths (SmolLM2: 7-12% apart), not the method.
+    out = tmp_path / "replay.json"
+    argv = ["--target", "smollm2", "--temperatures", "1", "--concurrency", "2", "--shuffles", "1", "--out", str(out)]
+    assert combo_replay.main(argv) == 0
+    cell = json.loads(out.read_text())["temperatures"]["1"]["cells"]["2"]
+    hw, rest, _, elem = combo_replay.cost_model("h200", "smollm2")
+    traces = {d: combo_replay.Trace.load(combo_replay.TRACES / f"smollm2_{d}_t1.npz") for d in ("dflash", "dspark")}
+    order = combo_replay.stream(np.random.default_rng(0), traces["dflash"].requests, max(traces["dflash"].requests, 32))
+    plain = {}
+    for d, tr in traces.items():
+        sc = combo_replay.step_costs(tr, hw, rest, bytes_per_value=elem)
+        plain[d] = combo_replay.replay(tr, combo_replay.FixedPolicy(0), 2, sc, order).tokens_per_s
+        k2 = combo_replay.replay(tr, combo_replay.FixedPolicy(2), 2, sc, order).tokens_per_s
+        assert cell[f"{combo_replay.NAMES[d]} K=2"] == pytest.approx(k2 / plain[d])
+    assert abs(plain["dspark"] / plain["dflash"] - 1) > 0.02  # the traces' plain rates do differ
 
 
 def test_cost_fit_then_replay_on_it(tmp_path):

@@ -180,9 +180,9 @@ class SchedulerPolicy:
     (a `Decoder` keeps what it learnt across batches: pass a factory that does the same);
     `confidence(rows, trace)` gives the rows' per-token confidences [n, K] (a trace source, or
     a proxy run online on the rows' signals); `predict(batch_size)` is the prior's predicted
-    gain of speculation at that size (its tokens/s over plain decoding's), and `verdict` the
-    `BatchVerdict` that decides, as a `Decoder` does, whether a batch speculates or decodes
-    plainly (without one: whether the prediction exceeds 1)."""
+    gain of speculation at that size (its tokens/s over plain decoding's; None: no prior),
+    and `verdict` the `BatchVerdict` that decides, as a `Decoder` does, whether a batch
+    speculates or decodes plainly (without one: whether the prediction exceeds 1)."""
 
     def __init__(self, name: str, make, confidence, predict=None, observe=None, verdict=None):
         self.name, self.make, self.confidence = name, make, confidence
@@ -193,7 +193,10 @@ class SchedulerPolicy:
 
     def start(self, batch_size: int) -> bool:
         predicted = self.predict(batch_size)
-        speculate = self.verdict.choose(batch_size, predicted) if self.verdict is not None else predicted >= 1.0
+        if self.verdict is not None:
+            speculate = self.verdict.choose(batch_size, predicted)
+        else:
+            speculate = predicted is None or predicted >= 1.0
         if speculate:
             self.scheduler = self.make(batch_size)
         return speculate

@@ -23,24 +23,42 @@ bias out. Until a plain batch is measured the estimate is taken as unbiased, so 
 where speculation clearly wins need not pay whole plain batches to learn it. Batches without
 estimates fall back to the arms' mean tokens/s.
 
+**The prior counts as PRIOR_BATCHES batches.** Per-batch ratios at low concurrency spread by
+15% and more (which requests share a batch: on the H200 projection at concurrency 2 they run
+0.82-1.21x where speculation averages 1.13x), so a first speculative batch that happens to
+measure 0.82x would, on its own, send a key plain for 16 batches. The measured ratio is pooled
+with the prior's prediction instead, in log space, the prediction weighing as PRIOR_BATCHES
+speculative batches against all the speculative batches run so far (the mean over the
+window, weighted by their count, so the prior fades): one bad batch against a prediction of
+a clear gain moves the verdict less than two or three do.
+
+A probe whose batches measure ahead while the prior still outweighs them is not counted as
+lost: it runs again after one batch, when its second measurement carries more weight.
+
 **A tie goes to plain.** Speculation is favoured only when it measures MARGIN (2%) ahead:
 per-batch ratios spread by 10% and more, so arms within 2% of each other swap on noise, and
 in the replay (bench/combo_replay.py, H200 projection, concurrency 8-16) the swaps cost up
 to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter.
 (The prior's prediction carries its own margin, the scheduler's `min_gain`.)
 
-**Probes.** The other arm is still probed, after 2^lost batches: `lost` starts at
-2 + round(3 |log2 ratio|) for an arm never measured (a prediction far from even is probed
-late; even a prediction at even waits 4 batches, so that a probe that loses is not repeated
-within the first 16: a probe costs up to (1 - ratio) of a batch, and two of them in 16
-batches cost 2% of plain decoding in the replay at concurrency 8-64), ESTIMATE_DOUBLINGS
-more when the ratio rests on counterfactual estimates (they only miss by the plain step's
-error), and grows by as much after each probe it loses: a probe never comes sooner than the
-one before it did (a first probe that confirms the prediction waits the prediction's
-doublings plus its own). An arm whose first batch, run as the favoured arm,
-already measures behind the other waits as if it had lost a probe. An arm that keeps losing
+**Probes.** The other arm is still probed, after 2^lost batches. For an arm never measured,
+`lost` starts at 2 + round(PREDICTED_SLOPE |log2 ratio|) on the prior's prediction alone, at
+most PREDICTED_MAX (a prediction far from even is probed late: 0.88x at batch 16, 0.8x at 32;
+even a prediction at even waits 4 batches), and at 2 + round(MEASURED_SLOPE |log2 ratio|)
+on a measured ratio, ESTIMATE_DOUBLINGS more when it rests on counterfactual estimates (they
+only miss by the plain step's error). A probe costs up to (1 - ratio) of a batch: one of
+speculation 19% behind in 16 batches costs 1.2% of plain decoding's rate (the replay at
+concurrency 32 on the H200 projection), so a prior that is right about a loss should not be
+checked early, and the prior's predictions land within 10% of the replayed ratio there
+(measured batches spread by 15% and more, hence the two slopes). `lost` grows by the
+measured doublings after each probe the arm loses: a probe never comes sooner than the one
+before it did (a first probe that confirms the prediction waits the prediction's doublings
+plus its own). An arm whose first batch, run as the favoured arm, already measures behind
+the other (pooled with the prior) waits as if it had lost a probe. An arm that keeps losing
 is probed ever more rarely (the probes cost O(log n) of n batches), one that wins a probe
-takes over, and a changed load or machine is noticed at the next probe.
+takes over, and a changed load or machine is noticed at the next probe. The slopes were
+tuned in the replay (bench/combo_replay.py, SmolLM2's traces, both cost models, 12 orders
+per cell, then checked over 50); a prior wrong by 20% costs 32 batches before its probe.
 """
 
 from __future__ import annotations
@@ -48,18 +66,28 @@ from __future__ import annotations
 import math
 from collections import deque
 
+# Doublings of the probe interval per octave of the ratio between the arms: measured, or
+# predicted by the prior alone (which it trusts more: its error is the cost model's, 10% on
+# the H200 projection, where one batch's measurement spreads by 15% and more).
+MEASURED_SLOPE = 5
+PREDICTED_SLOPE = 8
+PREDICTED_MAX = 6  # however sure the prior, the other arm is measured within 2^6 batches
 
-def _backoff(ratio: float) -> int:
-    """Doublings of the probe interval a measured or predicted ratio between the arms earns."""
-    return 2 + round(3 * abs(math.log2(max(ratio, 1e-9))))
+
+def _backoff(ratio: float, slope: float = MEASURED_SLOPE) -> int:
+    """Doublings of the probe interval a measured (or, with PREDICTED_SLOPE, predicted) ratio
+    between the arms earns."""
+    return 2 + round(slope * abs(math.log2(max(ratio, 1e-9))))
 
 
 class _Arms:
     def __init__(self, window: int):
+        self.predicted = None  # the prior's latest predicted ratio (speculation over plain)
         self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent batches
         # Each batch's tokens/s over the plain rate estimated on it (None: no estimate).
         self.paired = {True: deque(maxlen=window), False: deque(maxlen=window)}
         self.since = {True: 0, False: 0}  # batches since the arm last ran
+        self.runs = {True: 0, False: 0}  # batches the arm ran, all told
         self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
         self.first_lost = {}  # an arm not yet measured: the doublings its first probe waited
 
@@ -76,10 +104,12 @@ class _Arms:
 class BatchVerdict:
     ESTIMATE_DOUBLINGS = 3
     MARGIN = 1.02  # speculation must measure this far ahead of plain decoding to be favoured
+    PRIOR_BATCHES = 2  # the prior's prediction weighs as many speculative batches
 
-    def __init__(self, window: int = 8, margin: float = MARGIN):
+    def __init__(self, window: int = 8, margin: float = MARGIN, prior_batches: float = PRIOR_BATCHES):
         self.window = window
         self.margin = margin
+        self.prior_batches = prior_batches
         self.arms: dict = {}
         self.last: dict = {}  # key -> (arm, whether it was a probe, the favoured arm)
 
@@ -103,28 +133,43 @@ class BatchVerdict:
         return None
 
     def _judged_ratio(self, a: _Arms) -> float | None:
-        """The measured ratio as the verdict judges it: over the margin speculation must clear."""
+        """The measured ratio as the verdict judges it: pooled with the prior's prediction (worth
+        `prior_batches` speculative batches, in log space), over the margin speculation must
+        clear."""
         r = self._measured_ratio(a)
-        return None if r is None else r / self.margin
+        if r is None:
+            return None
+        if a.predicted is not None and a.predicted > 0 and self.prior_batches > 0:
+            n, w = a.runs[True], self.prior_batches  # the prior fades as speculation keeps running
+            r = math.exp((w * math.log(a.predicted) + n * math.log(r)) / (w + n))
+        return r / self.margin
 
-    def ratio(self, key, predicted_gain: float) -> float:
+    def ratio(self, key, predicted_gain: float | None) -> float | None:
         """Speculation's tokens/s over plain decoding's: measured where there is a measurement
         of both (the plain arm possibly as estimates on speculative batches), else predicted."""
         measured = self._measured_ratio(self._arms(key))
         return predicted_gain if measured is None else measured
 
-    def choose(self, key, predicted_gain: float) -> bool:
+    def choose(self, key, predicted_gain: float | None) -> bool:
         """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
-        prior's predicted gain (speculation's tokens/s over plain decoding's)."""
+        prior's predicted gain (speculation's tokens/s over plain decoding's; None: there is no
+        prior, speculation runs first and the measurements alone decide)."""
         a = self._arms(key)
+        a.predicted = predicted_gain
         measured_ratio = self._judged_ratio(a)
         r = predicted_gain if measured_ratio is None else measured_ratio
+        if r is None:  # nothing to go on yet: speculate, which measures both arms' rates
+            self.last[key] = (True, False, True)
+            return True
         best = r >= 1.0
         other = not best
         lost = a.lost[other]
         if lost is None:
             estimated = a.rates[True] and not a.rates[False] and measured_ratio is not None
-            lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
+            if measured_ratio is None:
+                lost = min(_backoff(r, PREDICTED_SLOPE), PREDICTED_MAX)
+            else:
+                lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
             a.first_lost[other] = lost
         measured = bool(a.rates[True] or a.rates[False])
         probe = measured and a.since[other] >= 2**lost
@@ -144,10 +189,15 @@ class BatchVerdict:
         a.paired[arm].append(tokens_per_s / plain_estimate if ok else None)
         a.since[arm] = 0
         a.since[not arm] += 1
+        a.runs[arm] += 1
         r = self._judged_ratio(a)
         behind = r is not None and (r < 1.0 if arm else r >= 1.0)
+        measured = self._measured_ratio(a)
+        outvoted = behind and not (measured / self.margin < 1.0 if arm else measured / self.margin >= 1.0)
         if probe and arm != best:
-            if behind:
+            if outvoted:
+                a.lost[arm] = 0  # its batches win, the prior still outweighs them: run it again
+            elif behind:
                 # Lost its probe: the next waits longer than this one did (a first probe waited
                 # what the prediction earned), never less.
                 waited = a.first_lost.get(arm, 0) if first else a.lost[arm]
