@@ -239,7 +239,8 @@ def run(args) -> dict:
             raise FileNotFoundError(f"no traces for {args.target} at T = {t:g} in {args.traces}")
         any_trace = next(iter(traces.values()))
         methods = {"plain": (any_trace, lambda: FixedPolicy(0))}
-        assert len({tr.requests for tr in traces.values()}) == 1, "the drafters' traces must hold the same prompts"
+        if len({tr.requests for tr in traces.values()}) != 1:
+            raise ValueError(f"{args.target}'s traces at T = {t:g} hold different prompts: record them together")
         for d, tr in traces.items():
             for k in range(1, tr.width + 1):
                 methods[f"{NAMES[d]} K={k}"] = (tr, lambda k=k: FixedPolicy(k))

@@ -102,9 +102,9 @@ def test_a_biased_plain_estimate_is_probed_and_corrected():
 def test_a_lost_probe_never_brings_the_next_one_sooner(predicted):
     """Speculation measures 0.72x plain. Predicted 0.66x: plain runs, speculation is probed after
     2^6 batches (PREDICTED_MAX) and loses, and its next probe waits 2^(6 + 5) more, not 2^5 (the
-    first probe's wait was dropped). Predicted 1.2x: the first batch speculates, its counterfactual plain
-    rate, pooled with the prediction (worth two batches), puts it just behind: its probe waits
-    2^2 batches, and having lost, the next 2^5, then 2^8."""
+    first probe's wait was dropped). Predicted 1.2x: the first batch speculates, its
+    counterfactual plain rate, pooled with the prediction (worth two batches), puts it just
+    behind: its probe waits 2^2 batches, and having lost, the next 2^5, then 2^8."""
     v = BatchVerdict()
     arms = []
     for _ in range(600):

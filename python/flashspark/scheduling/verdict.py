@@ -132,11 +132,10 @@ class BatchVerdict:
             return a.mean(True) / a.mean(False)
         return None
 
-    def _judged_ratio(self, a: _Arms) -> float | None:
-        """The measured ratio as the verdict judges it: pooled with the prior's prediction (worth
-        `prior_batches` speculative batches, in log space), over the margin speculation must
-        clear."""
-        r = self._measured_ratio(a)
+    def _judged_ratio(self, a: _Arms, r: float | None) -> float | None:
+        """The measured ratio `r` as the verdict judges it: pooled with the prior's prediction
+        (worth `prior_batches` speculative batches, in log space), over the margin speculation
+        must clear."""
         if r is None:
             return None
         if a.predicted is not None and a.predicted > 0 and self.prior_batches > 0:
@@ -156,7 +155,7 @@ class BatchVerdict:
         prior, speculation runs first and the measurements alone decide)."""
         a = self._arms(key)
         a.predicted = predicted_gain
-        measured_ratio = self._judged_ratio(a)
+        measured_ratio = self._judged_ratio(a, self._measured_ratio(a))
         r = predicted_gain if measured_ratio is None else measured_ratio
         if r is None:  # nothing to go on yet: speculate, which measures both arms' rates
             self.last[key] = (True, False, True)
@@ -190,10 +189,14 @@ class BatchVerdict:
         a.since[arm] = 0
         a.since[not arm] += 1
         a.runs[arm] += 1
-        r = self._judged_ratio(a)
-        behind = r is not None and (r < 1.0 if arm else r >= 1.0)
         measured = self._measured_ratio(a)
-        outvoted = behind and not (measured / self.margin < 1.0 if arm else measured / self.margin >= 1.0)
+        r = self._judged_ratio(a, measured)
+
+        def behind_at(ratio: float | None) -> bool:  # does `ratio` put `arm` behind the other?
+            return ratio is not None and (ratio < 1.0 if arm else ratio >= 1.0)
+
+        behind = behind_at(r)
+        outvoted = behind and not behind_at(measured / self.margin)  # behind by the prior alone
         if probe and arm != best:
             if outvoted:
                 a.lost[arm] = 0  # its batches win, the prior still outweighs them: run it again
