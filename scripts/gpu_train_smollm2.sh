@@ -54,8 +54,12 @@ BATCH=${BATCH:-64}
 BLOCKS=${BLOCKS:-32}
 EVAL_SEQ=${EVAL_SEQ:-96}
 EVAL_EVERY=${EVAL_EVERY:-1}  # minutes between held-out evaluations
-LR=${LR:-1e-3}               # the backbone's peak learning rate; DFlash 2 and DSpark take DERIVED_LR
+LR=${LR:-1e-3}               # the backbone's peak learning rate; DFlash 2 takes DERIVED_LR
 DERIVED_LR=${DERIVED_LR:-5e-4}
+# DSpark on the shared (frozen) backbone trains its heads alone: at DERIVED_LR its confidence
+# head was still far from fitting after 40 steps (AUC 0.55); resumed at 3e-3 for 57 more steps
+# it reached 0.68 (docs/smollm2.md). Its own backbone (DSPARK_OWN_BACKBONE=1) takes DERIVED_LR.
+DSPARK_LR=${DSPARK_LR:-3e-3}
 HEAD_NEG=${HEAD_NEG:-0}      # > 0: the backbone's LM head over the stored Top-32 plus this many random tokens
 BF16=${BF16:-1}
 EXPORT_RESERVE=${EXPORT_RESERVE:-0.5}
@@ -130,10 +134,11 @@ step dflash2 "$WORK/dflash2/ckpt.pt" $PY -m flashspark train dflash2 "${train_op
   --share-backbone --share-weights-with "$OUT/dflash" --lr "$DERIVED_LR" --minutes "$DFLASH2_MIN" \
   --selector-rank "$SELECTOR_RANK" --out "$WORK/dflash2" --export "$OUT/dflash2"
 dspark_opts=(--share-backbone --no-sample-from-anchor --share-weights-with "$OUT/dflash")
-[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor)
+dspark_lr=$DSPARK_LR
+[[ $DSPARK_OWN_BACKBONE == 1 ]] && dspark_opts=(--sample-from-anchor) && dspark_lr=$DERIVED_LR
 dspark_opts+=(--markov-rank "$MARKOV_RANK")
 step dspark "$WORK/dspark/ckpt.pt" $PY -m flashspark train dspark "${train_opts[@]}" --init-from "$OUT/dflash" \
-  "${dspark_opts[@]}" --lr "$DERIVED_LR" \
+  "${dspark_opts[@]}" --lr "$dspark_lr" \
   --calib-from "$WORK/data_calibration" --calib-sequences "$EVAL_SEQ" --minutes "$DSPARK_MIN" \
   --out "$WORK/dspark" --export "$OUT/dspark"
 
