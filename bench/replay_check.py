@@ -5,6 +5,7 @@ speedups over plain decoding.
     python bench/cost_fit.py                                   # this CPU's forward model
     python bench/replay_check.py --measure                     # -> bench/results/replay_check_tiny.json
     python bench/replay_check.py runs/e2e_code_t0.json ...     # against e2e_bench files already measured
+    python bench/replay_check.py --rounds-from R.json --out R.json   # check a --measure result's rounds again
 
 This machine's speed drifts by tens of percent within minutes (a shared host: the same
 `e2e_bench` row's repeats spread 10-60%), so prices measured in one spell and speedups in
@@ -18,8 +19,9 @@ the cost file, as in every replay.
 For each row the replay decodes the trace's requests of that task (the first `prompts` of
 them, in order, in batches of c) under the row's method: plain decoding, a fixed K of a drafter
 (its trace cut at K), or DSpark's scheduler on DSpark's head or the DFlash 2 proxy with a
-`Decoder`'s batch verdict, one policy per method carried across concurrencies, repeats and
-rounds as `e2e_bench` carries its decoders. Each cell compares a replayed speedup with the
+`Decoder`'s batch verdict, one policy per method and round, carried across the round's
+concurrencies and repeats as `e2e_bench` carries its decoders (each `e2e_bench` run, a round,
+starts them untaught: `Decoder.forget`). Each cell compares a replayed speedup with the
 measured one of the same kind (`--compare`): the median over repeats of the ratio to plain
 decoding's repeat beside it (`e2e_bench`'s "paired"; the default), or the best repeat over
 plain decoding's best; the table shows both. Agreement: within ±10% (`--tolerance`) in every
@@ -112,7 +114,9 @@ def check(
     """Rows of the check for `rounds`: (an `e2e_bench` result, the step rests measured beside it)
     pairs of one task and temperature. Each repeat of a round is replayed at its round's step
     prices, in the order `e2e_bench` ran them (concurrency, then repeat, then method), one
-    policy per method carried through all of them as its decoder was."""
+    policy per method and round carried through the round as its decoder was: `e2e_bench.run`
+    starts every round's decoders untaught (`Decoder.forget`), their step-rate profiles (the
+    schedulers' tables, here the first round's prices) kept."""
     e2e = rounds[0][0]
     t = float(e2e["temperature"])
     traces = load_traces(traces_dir, target, t)
@@ -130,9 +134,9 @@ def check(
             measured.setdefault((r["method"], r["concurrency"]), []).extend(
                 r["new_tokens"] / s for s in r["seconds_repeats"]
             )
-    policies = {m: policy_for(m, traces, hardware, rounds[0][1], target, elem) for m in methods}
     rates = {m: {c: [] for c in concurrency} for m in methods}
     for run, rest in rounds:
+        policies = {m: policy_for(m, traces, hardware, rounds[0][1], target, elem) for m in methods}
         priced = {m: step_costs(tr, hardware, rest, bytes_per_value=elem) for m, (tr, _, _) in policies.items()}
         for c in concurrency:
             for _ in range(run["repeats"]):
@@ -262,14 +266,24 @@ def main(argv=None) -> int:
     g.add_argument("--step-context", type=int, default=None, help="default: the median of the traces' contexts")
     g.add_argument("--dtype", default=None, help="the target's dtype (as e2e_bench; --target other than tiny)")
     g.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--rounds-from",
+        default=None,
+        help="check again the rounds stored in an earlier --measure result (its JSON), measuring nothing",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if bool(args.e2e) == args.measure:
-        p.error("give e2e_bench JSON files or --measure (one of them)")
+    if bool(args.e2e) + args.measure + bool(args.rounds_from) != 1:
+        p.error("give e2e_bench JSON files, --measure or --rounds-from (one of them)")
     try:
         hardware, rest, _, elem = cost_model("cpu", args.target, args.cost_file)
         if args.measure:
             groups = list(measure(args, hardware, elem).values())
+        elif args.rounds_from:
+            by_t: dict[float, list[tuple[dict, dict]]] = {}
+            for r in json.loads(Path(args.rounds_from).read_text())["rounds"]:
+                by_t.setdefault(float(r["e2e"]["temperature"]), []).append((r["e2e"], r["step_rest"]))
+            groups = list(by_t.values())
         else:
             groups = [[(json.loads(Path(path).read_text()), rest)] for path in args.e2e]
         rows = []
@@ -311,8 +325,13 @@ def main(argv=None) -> int:
         "rows": rows,
         "measured_bars": bars,
     }
-    if args.measure:
+    if args.measure or args.rounds_from:
         result["rounds"] = [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]
+    if args.rounds_from:  # where the measurement comes from: its file, date and command
+        source = json.loads(Path(args.rounds_from).read_text())
+        result["rounds_from"] = {"file": str(args.rounds_from)} | {
+            k: source.get("rounds_from", {}).get(k, source.get(k)) for k in ("date", "command")
+        }
     else:
         result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}
     out = Path(args.out) if args.out else RESULTS / f"replay_check_{args.target}.json"

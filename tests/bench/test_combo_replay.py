@@ -118,9 +118,38 @@ def test_cost_fit_then_replay_on_it(tmp_path):
         ("dflash:k=3", 2, 1),
     ]
     assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dflash"}
+    # --rounds-from: the stored rounds checked again, nothing measured, the same rows; a round
+    # repeated replays as the first did (each round's policies start untaught, as e2e_bench's
+    # decoders do), and the measurement's date and command are kept.
+    again = tmp_path / "again.json"
+    assert replay_check.main(["--rounds-from", str(check), "--cost-file", str(fit), "--out", str(again)]) == 0
+    rechecked = json.loads(again.read_text())
+    assert rechecked["rows"] == result["rows"] and rechecked["rounds_from"]["command"] == result["command"]
+    twice = dict(result, rounds=result["rounds"] * 2)
+    check.write_text(json.dumps(twice))
+    assert replay_check.main(["--rounds-from", str(check), "--cost-file", str(fit), "--out", str(again)]) == 0
+    rows = json.loads(again.read_text())["rows"]
+    assert [r["replayed_paired"] for r in rows] == [r["replayed_paired"] for r in result["rows"]]
+    assert [r["repeats"] for r in rows] == [2, 2]
     e2e["max_new_tokens"] = 64  # other runs than the traces': refused
     path.write_text(json.dumps(e2e))
     assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 2
+
+
+def test_replay_check_starts_each_round_untaught():
+    # e2e_bench.run starts every round's decoders untaught (Decoder.forget), so the replay of
+    # three identical rounds must read as the replay of one. Carried across rounds, the
+    # combination's verdict learnt in round 1 and replayed 1.000x in the later rounds where
+    # the first read 0.989x (tiny traces, T = 0, concurrency 2).
+    hw, rest, _, elem = combo_replay.cost_model("cpu", "tiny", None)
+    methods = ["ar", "dflash:k=3", "dflash2:sched=confidence"]
+    e2e = {"task": "code", "temperature": 0.0, "max_new_tokens": 96, "prompts": 8, "repeats": 2, "methods": methods}
+    e2e["results"] = [
+        {"method": m, "concurrency": 2, "new_tokens": 768, "seconds_repeats": [1.0, 1.0]} for m in methods
+    ]
+    one, three = (replay_check.check([(e2e, rest)] * n, replay_check.TRACES, "tiny", hw, elem, 0.1) for n in (1, 3))
+    assert [r["replayed_paired"] for r in three] == [r["replayed_paired"] for r in one]
+    assert one[2]["replayed_paired"] < 0.995  # the round does not read as a learnt verdict would
 
 
 def test_bars_take_each_orders_best_fixed_k():

@@ -44,8 +44,8 @@ to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no
 **Probes.** The other arm is still probed, after 2^lost batches. For an arm never measured,
 `lost` starts at 2 + round(PREDICTED_SLOPE |log2 ratio|) on the prior's prediction alone, at
 most PREDICTED_MAX (a prediction of a loss is probed late: 0.96x at batch 8, 0.92x at 16,
-0.89x at 32, 0.85x and below at 64; even a prediction at even waits 4 batches), and at 2 + round(MEASURED_SLOPE |log2 ratio|)
-on a measured ratio, ESTIMATE_DOUBLINGS more when it rests on counterfactual estimates (they
+0.89x at 32, 0.87x and below at 64; even a prediction at even waits 4 batches), and at
+2 + round(MEASURED_SLOPE |log2 ratio|) on a measured ratio, ESTIMATE_DOUBLINGS more when it rests on counterfactual estimates (they
 only miss by the plain step's error). A probe costs up to (1 - ratio) of a batch: one of
 speculation 19% behind in 16 batches costs 1.2% of plain decoding's rate (the replay at
 concurrency 32 on the H200 projection), so a prior that is right about a loss should not be
