@@ -280,8 +280,9 @@ def main(argv=None) -> int:
         if args.measure:
             groups = list(measure(args, hardware, elem).values())
         elif args.rounds_from:
+            source = json.loads(Path(args.rounds_from).read_text())
             by_t: dict[float, list[tuple[dict, dict]]] = {}
-            for r in json.loads(Path(args.rounds_from).read_text())["rounds"]:
+            for r in source["rounds"]:
                 by_t.setdefault(float(r["e2e"]["temperature"]), []).append((r["e2e"], r["step_rest"]))
             groups = list(by_t.values())
         else:
@@ -325,15 +326,14 @@ def main(argv=None) -> int:
         "rows": rows,
         "measured_bars": bars,
     }
-    if args.measure or args.rounds_from:
+    if args.e2e:
+        result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}
+    else:
         result["rounds"] = [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]
     if args.rounds_from:  # where the measurement comes from: its file, date and command
-        source = json.loads(Path(args.rounds_from).read_text())
         result["rounds_from"] = {"file": str(args.rounds_from)} | {
             k: source.get("rounds_from", {}).get(k, source.get(k)) for k in ("date", "command")
         }
-    else:
-        result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}
     out = Path(args.out) if args.out else RESULTS / f"replay_check_{args.target}.json"
     timing.save_result(result, out)
     return 0

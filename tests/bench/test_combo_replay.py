@@ -117,7 +117,7 @@ def test_cost_fit_then_replay_on_it(tmp_path):
         ("ar", 2, 1),
         ("dflash:k=3", 2, 1),
     ]
-    assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dflash"}
+    assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dflash"} and "e2e_files" not in result
     # --rounds-from: the stored rounds checked again, nothing measured, the same rows; a round
     # repeated replays as the first did (each round's policies start untaught, as e2e_bench's
     # decoders do), and the measurement's date and command are kept.

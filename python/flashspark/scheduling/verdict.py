@@ -43,25 +43,25 @@ to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no
 
 **Probes.** The other arm is still probed, after 2^lost batches. For an arm never measured,
 `lost` starts at 2 + round(PREDICTED_SLOPE |log2 ratio|) on the prior's prediction alone, at
-most PREDICTED_MAX (a prediction of a loss is probed late: 0.96x at batch 8, 0.92x at 16,
-0.89x at 32, 0.87x and below at 64; even a prediction at even waits 4 batches), and at
-2 + round(MEASURED_SLOPE |log2 ratio|) on a measured ratio, ESTIMATE_DOUBLINGS more when it rests on counterfactual estimates (they
-only miss by the plain step's error). A probe costs up to (1 - ratio) of a batch: one of
-speculation 19% behind in 16 batches costs 1.2% of plain decoding's rate (the replay at
-concurrency 32 on the H200 projection), so a prior that is right about a loss should not be
-checked early. Where it predicts a loss it is, if anything, optimistic: on the H200 projection
-at concurrency 8 and 16 it predicts 0.92-0.99x (over `min_gain`) where speculation's probes
-measure 0.81-0.82x, so a probe there costs more than the prediction says (hence the steeper
-slope for the prediction alone). `lost` grows by the
+most PREDICTED_MAX (a prediction of a loss is probed late: 0.96x at batch 8, 0.92x at 16, 0.89x
+at 32, 0.87x and below at 64; even a prediction at even waits 4 batches), and at
+2 + round(MEASURED_SLOPE |log2 ratio|) on a measured ratio, ESTIMATE_DOUBLINGS more when it
+rests on counterfactual estimates (they only miss by the plain step's error). A probe costs up
+to (1 - ratio) of a batch: one of speculation 19% behind in 16 batches costs 1.2% of plain
+decoding's rate (the replay at concurrency 32 on the H200 projection), so a prior that is right
+about a loss should not be checked early. Where it predicts a loss it is, if anything,
+optimistic: on the H200 projection at concurrency 8 and 16 it predicts 0.92-0.99x (over
+`min_gain`) where speculation's probes measure 0.81-0.82x, so a probe there costs more than the
+prediction says (hence the steeper slope for the prediction alone). `lost` grows by the
 measured doublings after each probe the arm loses: a probe never comes sooner than the one
-before it did (a first probe that confirms the prediction waits the prediction's doublings
-plus its own). An arm whose first batch, run as the favoured arm, already measures behind
-the other (pooled with the prior) waits as if it had lost a probe. An arm that keeps losing
-is probed ever more rarely (the probes cost O(log n) of n batches), one that wins a probe
-takes over, and a changed load or machine is noticed at the next probe. The slopes were
-tuned in the replay (bench/combo_replay.py, SmolLM2's traces, both cost models, 12 orders
-per cell, then checked over 50); the price: a prior wrong by 20% against speculation costs 64
-batches before its probe (PREDICTED_MAX).
+before it did (a first probe that confirms the prediction waits the prediction's doublings plus
+its own). An arm whose first batch, run as the favoured arm, already measures behind the other
+(pooled with the prior) waits as if it had lost a probe. An arm that keeps losing is probed
+ever more rarely (the probes cost O(log n) of n batches), one that wins a probe takes over, and
+a changed load or machine is noticed at the next probe. The slopes were tuned in the replay
+(bench/combo_replay.py, SmolLM2's traces, both cost models, 12 orders per cell, then checked
+over 50); the price: a prior wrong by 20% against speculation costs 64 batches before its probe
+(PREDICTED_MAX).
 """
 
 from __future__ import annotations
