@@ -4,9 +4,12 @@ For each concurrency c, held-out prompts of `--task` (default code) are decoded
 in batches of c by every method, side by side in the same process. Reports tau (tokens
 per target forward), tokens/s and the ratio to plain decoding at the same
 concurrency, twice: best of the repeats over best of plain's ("vs plain"), and
-the median over rounds of the ratio to plain's run of the same round ("paired";
-the repeats go round-robin over the methods). Prints a table, writes
-bench/results/e2e_bench.json and a plot bench/results/e2e_bench.png.
+the median over rounds of the ratio to plain's run of the same round ("paired").
+Within a round the methods take turns batch by batch, in the orders of a Williams design
+(balanced for place and predecessor), and every (concurrency, round) cell starts the
+schedulers' decoders untaught (`Decoder.forget`, keeping their one-off step-rate profiles), as
+each replayed one does.
+Prints a table, writes bench/results/e2e_bench.json and a plot bench/results/e2e_bench.png.
 
     python bench/e2e_bench.py [--quick] [--temperature 1] [--methods ar dflash:k=7 dspark:sched=confidence]
     python bench/e2e_bench.py --model smollm2 [--task chat]   # -> bench/results/e2e_bench_smollm2.json
@@ -126,16 +129,21 @@ def run(args, target: targets.BenchTarget | None = None, methods=None, prompts=N
         # Every row decodes the same prompts (batches of c), so rows differ only by method and
         # concurrency, and low concurrency is not a few prompts' luck.
         batches = [prompts[i : i + c] for i in range(0, len(prompts), c)]
-        # Repeats go round-robin over the methods: a slow spell of a shared machine then lands on
-        # every method instead of on whichever one was running.
         runs: dict[str, list] = {spec: [] for spec in methods}
         for r in range(args.repeats):
-            for spec, decode in methods.items():
-                outs, sts = [], []
-                for batch in batches:
-                    out, st = decode(batch, args.max_new_tokens, args.temperature, r)
-                    outs += out
-                    sts.append(st)
+            for decode in methods.values():
+                if hasattr(decode, "forget"):  # every cell starts untaught, as each replayed one does
+                    decode.forget()
+            done: dict[str, tuple[list, list]] = {spec: ([], []) for spec in methods}
+            # Interleaved batch by batch, in balanced orders: a slow spell of a shared machine (tens
+            # of seconds) then lands on every method's run of the same batch, not on whichever
+            # method ran through it, and no method always runs first or after the same one.
+            for i, batch in enumerate(batches):
+                for spec in balanced_order(list(methods), r * len(batches) + i):
+                    out, st = methods[spec](batch, args.max_new_tokens, args.temperature, r)
+                    done[spec][0].extend(out)
+                    done[spec][1].append(st)
+            for spec, (outs, sts) in done.items():
                 runs[spec].append((outs, _merge(sts)))
         plain_out, plain_tps = None, None
         for spec in methods:
@@ -200,10 +208,32 @@ def run(args, target: targets.BenchTarget | None = None, methods=None, prompts=N
         "prompts": len(prompts),
         "prompt_ids": prompts,  # what was decoded (bench/replay_check.py replays the same requests)
         "decoding": "no early stop; best of repeats; every row decodes the same prompts, in batches of c",
+        # how the rounds ran (replay_check replays them alike): the methods take turns batch by
+        # batch in balanced orders, and every (concurrency, round) cell starts its decoders untaught
+        "interleave": "batch, balanced orders",
+        "untaught": "cell",
         "repeats": args.repeats,
         "methods": list(methods),
         "results": rows,
     }
+
+
+def balanced_order(items: list, k: int) -> list:
+    """Row k of a Williams design over `items`: over any n consecutive rows (n = len(items), 2n
+    where n is odd) each item takes every place equally often and follows every other item
+    equally often, so neither a place in the order nor what ran just before (a machine still
+    busy with the heaviest method's memory) favours a method."""
+    n = len(items)
+    base, lo, hi = [0], 1, n - 1  # 0, 1, n - 1, 2, n - 2, ...
+    while len(base) < n:
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    r = k % (n if n % 2 == 0 else 2 * n)
+    row = [items[(x + r) % n] for x in base]
+    return row[::-1] if r >= n else row
 
 
 def _merge(stats: list[dict]) -> dict:

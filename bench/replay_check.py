@@ -19,10 +19,9 @@ the cost file, as in every replay.
 For each row the replay decodes the trace's requests of that task (the first `prompts` of
 them, in order, in batches of c) under the row's method: plain decoding, a fixed K of a drafter
 (its trace cut at K), or DSpark's scheduler on DSpark's head or the DFlash 2 proxy with a
-`Decoder`'s batch verdict, one policy per method and round, carried across the round's
-concurrencies and repeats as `e2e_bench` carries its decoders (each `e2e_bench` run, a round,
-starts them untaught: `Decoder.forget`). Each cell compares a replayed speedup with the
-measured one of the same kind (`--compare`): the median over repeats of the ratio to plain
+`Decoder`'s batch verdict, one untaught policy per method in every (concurrency, repeat) cell,
+as `e2e_bench` starts its decoders (`Decoder.forget`). Each cell compares a replayed speedup
+with the measured one of the same kind (`--compare`): the median over repeats of the ratio to plain
 decoding's repeat beside it (`e2e_bench`'s "paired"; the default), or the best repeat over
 plain decoding's best; the table shows both. Agreement: within ±10% (`--tolerance`) in every
 cell. The traces must come from the same drafters, prompts and max_new_tokens (checked) and the
@@ -113,9 +112,10 @@ def check(
 ) -> list[dict]:
     """Rows of the check for `rounds`: (an `e2e_bench` result, the step rests measured beside it)
     pairs of one task and temperature. Each repeat of a round is replayed at its round's step
-    prices, in the order `e2e_bench` ran them (concurrency, then repeat, then method), one
-    policy per method and round carried through the round as its decoder was: `e2e_bench.run`
-    starts every round's decoders untaught (`Decoder.forget`), their step-rate profiles (the
+    prices, in the order `e2e_bench` ran them (concurrency, then repeat), each method's policy
+    untaught where its decoder was: `e2e_bench.run` starts them untaught (`Decoder.forget`) in
+    every (concurrency, repeat) cell (runs recorded before it did so, without the result's
+    "untaught": "cell", once per run, carried through it), their step-rate profiles (the
     schedulers' tables, here the first round's prices) kept."""
     e2e = rounds[0][0]
     t = float(e2e["temperature"])
@@ -135,11 +135,19 @@ def check(
                 r["new_tokens"] / s for s in r["seconds_repeats"]
             )
     rates = {m: {c: [] for c in concurrency} for m in methods}
+
+    def fresh():  # untaught policies, their tables priced as the first round's
+        return {m: policy_for(m, traces, hardware, rounds[0][1], target, elem) for m in methods}
+
     for run, rest in rounds:
-        policies = {m: policy_for(m, traces, hardware, rounds[0][1], target, elem) for m in methods}
+        # e2e_bench starts its decoders untaught in every (concurrency, repeat) cell; runs that
+        # do not say so started them once per run and carried them through it.
+        per_cell = run.get("untaught") == "cell"
+        policies = fresh()
         priced = {m: step_costs(tr, hardware, rest, bytes_per_value=elem) for m, (tr, _, _) in policies.items()}
         for c in concurrency:
             for _ in range(run["repeats"]):
+                policies = fresh() if per_cell else policies
                 for m, (tr, _, policy) in policies.items():
                     rates[m][c].append(replay(tr, policy, c, priced[m], requests).tokens_per_s)
     rows = []

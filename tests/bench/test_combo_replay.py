@@ -150,6 +150,13 @@ def test_replay_check_starts_each_round_untaught():
     one, three = (replay_check.check([(e2e, rest)] * n, replay_check.TRACES, "tiny", hw, elem, 0.1) for n in (1, 3))
     assert [r["replayed_paired"] for r in three] == [r["replayed_paired"] for r in one]
     assert one[2]["replayed_paired"] < 0.995  # the round does not read as a learnt verdict would
+    # Runs that start every (concurrency, repeat) cell untaught (e2e_bench's "untaught": "cell")
+    # replay each repeat from scratch: two repeats read as one; carried, the second had learnt.
+    single = dict(e2e, repeats=1, results=[dict(r, seconds_repeats=[1.0]) for r in e2e["results"]])
+    first = replay_check.check([(single, rest)], replay_check.TRACES, "tiny", hw, elem, 0.1)
+    cells = replay_check.check([(dict(e2e, untaught="cell"), rest)], replay_check.TRACES, "tiny", hw, elem, 0.1)
+    assert [r["replayed_paired"] for r in cells] == [r["replayed_paired"] for r in first]
+    assert one[2]["replayed_paired"] > first[2]["replayed_paired"]
 
 
 def test_bars_take_each_orders_best_fixed_k():
