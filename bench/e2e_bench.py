@@ -221,8 +221,8 @@ def run(args, target: targets.BenchTarget | None = None, methods=None, prompts=N
 def balanced_order(items: list, k: int) -> list:
     """Row k of a Williams design over `items`: over any n consecutive rows (n = len(items), 2n
     where n is odd) each item takes every place equally often and follows every other item
-    equally often, so neither a place in the order nor what ran just before (a machine still
-    busy with the heaviest method's memory) favours a method."""
+    equally often, so neither a place in the order nor what ran just before (the state it leaves
+    in the caches and the allocator) favours a method."""
     n = len(items)
     base, lo, hi = [0], 1, n - 1  # 0, 1, n - 1, 2, n - 2, ...
     while len(base) < n:
