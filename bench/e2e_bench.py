@@ -113,10 +113,10 @@ def run(args, target: targets.BenchTarget | None = None, methods=None, prompts=N
     n_prompts = max(max(args.concurrency), args.min_prompts)
     prompts = prompts or bench_target.heldout_prompts(args.task, n_prompts, args.prompt_tokens)
     methods = methods or make_methods(args, target)
-    for decode in methods.values():  # warm up allocator and kernels; profile SPS tables before any timing
+    # Warm up allocator and kernels; profile SPS tables before any timing (what the warm-up call
+    # teaches a Decoder is forgotten at the start of every timed cell below).
+    for decode in methods.values():
         decode(prompts[:2], 8, args.temperature, 0)
-        if hasattr(decode, "forget"):  # a Decoder starts the timed calls untaught, as the replay does
-            decode.forget()
         for c in args.concurrency:
             decode.prepare(c, args.temperature)
     w = max(12, max(len(m) for m in methods))
