@@ -188,6 +188,50 @@ def test_profile_sps_and_cache(tmp_path):
         profile_sps(target, batch_size=2, token_counts=[1, 4], cache_file=tmp_path / "x.json")
 
 
+def test_profile_sps_rounds_drop_a_slow_spell(tmp_path, monkeypatch):
+    """A slow spell three sweeps of the grid long, starting mid-sweep, leaves the table exactly
+    as a quiet machine measures it: the rounds leave every T samples outside the spell, and
+    the fastest is kept (the median of 5 would keep the spell's). Timed one T after another,
+    as the estimator once did, the spell would take every sample of a run of T. A table
+    cached under another estimator is measured again."""
+    from flashspark.scheduling import costs
+
+    cfg = DecoderConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=128,
+        torch_dtype="float32",
+    )
+    target = DecoderForCausalLM(cfg)
+    target.init_weights(0)
+    grid = [2, 4, 6, 8, 10, 12]
+    calls = []
+
+    def fake_seconds(target, tokens, cache, lens, num_new, *args, **kwargs):
+        calls.append(int(num_new.sum()))
+        slow = 4 <= len(calls) < 4 + 3 * len(grid)  # three sweeps' worth of calls, from mid-sweep
+        return (1.0 + 0.1 * calls[-1]) * (5.0 if slow else 1.0)
+
+    monkeypatch.setattr(costs, "forward_seconds", fake_seconds)
+    path = tmp_path / "sps.json"
+    table = profile_sps(target, batch_size=2, token_counts=grid, context_len=8, repeats=5, warmup=1, cache_file=path)
+    assert sorted(calls) == sorted(grid * 5)
+    assert calls[: len(grid)] == grid and calls[len(grid) : 2 * len(grid)] == grid[::-1]  # alternating sweeps
+    assert (1 / table.sps).tolist() == pytest.approx([1.0 + 0.1 * t for t in grid])
+    key = costs._fingerprint(target, 2, 8, grid, 0.0)
+    assert json.loads(path.read_text())["key"] == key
+    monkeypatch.setattr(costs, "SPS_ESTIMATOR", "the next estimator")
+    assert costs._fingerprint(target, 2, 8, grid, 0.0) != key
+    calls.clear()
+    profile_sps(target, batch_size=2, token_counts=grid, context_len=8, repeats=5, warmup=1, cache_file=path)
+    assert len(calls) == 5 * len(grid)  # measured again, not read
+
+
 def test_monotone_fit_pools_adjacent_violators():
     """The least-squares non-decreasing fit of the seconds per step: runs that fall are pooled
     into their mean; a table already monotone is unchanged; the planted dips of a measured

@@ -71,9 +71,12 @@ class SPSTable:
     def monotone(self) -> "SPSTable":
         """The closest table (least squares in seconds per step) in which a forward over more
         tokens never costs less: the measured seconds fitted non-decreasing in T by pooling
-        adjacent violators. A shared machine's timing noise otherwise leaves bumps that price
-        the next few drafts out (at batch 1 a verify of 3 tokens once timed 40 ms, of 5 tokens
-        45 ms, of 8 tokens 46 ms: a flat cost read as a 15% rise)."""
+        adjacent violators. A bump otherwise prices the next few drafts out: the lossless
+        early stop (`schedule_tokens`) cannot look past it. Bumps are not only noise: on this
+        CPU SmolLM2's fp32 forward at batch 1 takes 55, 87, 105, 74, 67, 73, 91, 72 ms for 1-8
+        tokens, every profile alike (matrix kernels picked per shape), and the fit reads
+        widths 2-8 as one flat cost, 81 ms. (A loop that padded a verify to the cheapest
+        width at or above it would make the suffix minimum the true cost; ours does not.)"""
         blocks: list[list[float]] = []  # [sum of seconds, count] of each pooled run
         for sec in (1.0 / self._s).tolist():
             blocks.append([sec, 1])
@@ -105,8 +108,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "flashspark"
 
 
+# Bumped whenever profile_sps measures differently, so that tables cached by an older
+# estimator are measured again rather than read.
+SPS_ESTIMATOR = "rounds-min-1"
+
+
 def _fingerprint(target, batch_size: int, context_len: int, token_counts: list[int], overhead_s: float) -> str:
-    """Key of a profile: target shape and dtype, the machine, the torch build and the grid."""
+    """Key of a profile: target shape and dtype, the machine, the torch build, the grid and the estimator."""
     p = target.model.embed_tokens.weight
     dev = str(p.device)
     if p.device.type == "cuda":
@@ -122,6 +130,7 @@ def _fingerprint(target, batch_size: int, context_len: int, token_counts: list[i
             "context": context_len,
             "tokens": token_counts,
             "overhead": overhead_s,
+            "estimator": SPS_ESTIMATOR,
         },
         sort_keys=True,
     )
@@ -179,10 +188,21 @@ def profile_sps(
 
     `batch_size` requests sit at `context_len` committed tokens; T (from batch_size up)
     is spread over them as evenly as possible. `overhead_s` adds the per-step cost
-    that does not depend on T (drafting, verify, bookkeeping). Median of `repeats`
-    timings after `warmup`, fitted non-decreasing in T (`SPSTable.monotone`). The
-    measured rates are cached in `cache_file` (default: the user cache dir, keyed by
-    target, machine and grid); `refresh` re-measures.
+    that does not depend on T (drafting, verify, bookkeeping). Every T is warmed
+    `warmup` times, then timed once per round for `repeats` rounds that sweep the grid
+    in alternating directions; the fastest time per T, fitted non-decreasing in T
+    (`SPSTable.monotone`). The measured rates are cached in `cache_file` (default: the
+    user cache dir, keyed by target, machine, grid and this estimator); `refresh`
+    re-measures.
+
+    Why rounds and the fastest: what the scheduler reads is the table's shape (a wide
+    verify against a one-token step), and a shared machine's interference only ever adds
+    time, in bursts from one forward to spells of seconds. Swept in rounds, every T gets
+    its chances spread over the whole profile, and the fastest of them is the forward
+    without interference. Timed one T after another, the median of each block, the
+    shape of SmolLM2's table (fp32, a verify of 8 tokens over one, at batch 1) ranged
+    1.42-2.03 over 8 profiles minutes apart; the fastest over rounds varies by a few
+    percent (`bench/sps_spread.py`).
     """
     if token_counts is None:
         token_counts = sorted({batch_size * k for k in range(1, 9)})
@@ -202,13 +222,18 @@ def profile_sps(
     lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, target.config.vocab_size, (batch_size, width), generator=gen).to(device)
-    rates = []
-    for total in token_counts:
-        num_new = _split(total, batch_size).to(device)
-        seconds = forward_seconds(
-            target, tokens[:, : int(num_new.max())], cache, lens, num_new, hidden_layers, warmup, repeats
-        )
-        rates.append(1.0 / (seconds + overhead_s))
+    splits = [_split(total, batch_size).to(device) for total in token_counts]
+    forwards = [(tokens[:, : int(n.max())], n) for n in splits]
+    for x, n in forwards:  # warm every shape before any is timed
+        for _ in range(warmup):
+            target(x, cache, lens, n, hidden_layers=hidden_layers)
+    times: list[list[float]] = [[] for _ in forwards]
+    for r in range(repeats):
+        order = range(len(forwards)) if r % 2 == 0 else reversed(range(len(forwards)))
+        for i in order:
+            x, n = forwards[i]
+            times[i].append(forward_seconds(target, x, cache, lens, n, hidden_layers, warmup=0, repeats=1))
+    rates = [1.0 / (min(t) + overhead_s) for t in times]
     table = SPSTable(token_counts, rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Atomic: other processes on the machine share the cache and may read it at any moment.
