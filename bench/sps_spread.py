@@ -3,21 +3,21 @@ a full-width verify forward over a one-token step, is what the scheduler's predi
 rests on. Each trial profiles the target's verify forward per batch size twice, side by side
 in alternating order: with `profile_sps` ("rounds": every T warmed, then timed once per round
 over alternating sweeps, the fastest per T) and with the estimator it replaced ("blocks": each
-T timed in one block, the median of its repeats). Both fit the seconds non-decreasing in T, as
-the scheduler reads them.
+T timed in one block, the median of its repeats). Both are read as the scheduler reads them:
+padded (`SPSTable.padded`, a verify of T tokens priced at the cheapest measured width at or
+above T).
 
     python bench/sps_spread.py --model smollm2 --dtype float32 --trials 8
 
 Prints, per estimator and batch size, the shape's median, range and spread (max / min - 1)
 over the trials, and the per-T median over the trials of each estimator's unfitted seconds
-(what the fit smooths: noise, or a real bump); writes
+(what padding prices away: noise, or a real bump); writes
 bench/results/sps_spread_<target>_<dtype>.json and a PNG of every trial's shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -51,7 +51,7 @@ def blocks_table(target, batch_size: int, grid: list[int], context_len: int, lay
             1.0 / costs.forward_seconds(target, tokens[:, : int(n.max())], cache, lens, n, layers, warmup, repeats)
         )
     raw = costs.SPSTable(grid, rates)
-    return raw, raw.monotone()
+    return raw, raw.padded()
 
 
 def shape(table) -> float:
@@ -133,11 +133,11 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 if est == "rounds":
                     cached = scratch / f"{i}_{b}.json"
-                    table = costs.profile_sps(
+                    raw = costs.profile_sps(
                         target, b, grid, args.context, args.repeats, args.warmup,
                         hidden_layers=layers, cache_file=cached, refresh=True,
                     )  # fmt: skip
-                    raw = costs.SPSTable.from_dict(json.loads(cached.read_text()))  # the cache holds it unfitted
+                    table = raw.padded()
                 else:
                     raw, table = blocks_table(target, b, grid, args.context, layers, args.warmup, args.repeats)
                 wall = time.perf_counter() - t0

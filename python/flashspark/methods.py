@@ -296,16 +296,18 @@ def forward_seconds_now(
 def step_sps(
     target, drafter, batch_size: int, path: str = "auto", rounds: int = 3, tree: int = 0
 ) -> tuple[SPSTable, SPSTable]:
-    """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens + the
-    step's other work, measured in the loop), and the target forward alone (a plain decode
-    step at T = batch size). The forward's table is cached on disk (`profile_sps`); a
-    `Decoder` keeps the pair per batch size."""
+    """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens, padded
+    to the cheapest width at or above it (`SPSTable.padded`), + the step's other work,
+    measured in the loop), and the target forward alone (a plain decode step at T = batch
+    size). The forward's table is cached on disk (`profile_sps`); a `Decoder` keeps the pair
+    per batch size."""
     layers = drafter.config.target_layer_ids
     # Every verify width a step can take: 1 .. num_drafts + 1 tokens per request, or a tree's
     # nodes (beyond the table's end SPS would be read as flat, and the last draft as free).
     w = tree or drafter.num_drafts + 1  # tokens per request of a full-width verify forward
     widths = range(1, w + 1)
     forward = profile_sps(target, batch_size, [batch_size * w for w in widths], hidden_layers=layers)
+    padded = forward.padded()  # a speculative step runs its verify at the cheapest width at or above it
     # Whatever a real step costs beyond the profiled forward of its K + 1 tokens per request
     # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
     # per-step overhead of every speculative step. Measured as a ratio to the same forward
@@ -317,7 +319,7 @@ def step_sps(
         for _ in range(rounds)
     ]
     overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * w))))
-    return forward.with_overhead(overhead), forward
+    return padded.with_overhead(overhead), forward
 
 
 class Decoder:

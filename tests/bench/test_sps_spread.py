@@ -25,8 +25,8 @@ def test_sps_spread_tiny(tmp_path):
     ]
     for t in result["trials"]:
         assert t["tokens"] == [t["batch"] * w for w in range(1, result["width"] + 1)]
-        assert all(a <= b for a, b in zip(t["seconds"], t["seconds"][1:]))  # fitted non-decreasing
-        assert len(t["raw_seconds"]) == len(t["seconds"]) and sum(t["raw_seconds"]) == pytest.approx(sum(t["seconds"]))
+        assert all(a <= b for a, b in zip(t["seconds"], t["seconds"][1:]))  # padded: non-decreasing
+        assert all(p <= r for p, r in zip(t["seconds"], t["raw_seconds"])) and t["seconds"][-1] == t["raw_seconds"][-1]
     assert [len(u["ms"]) for u in result["unfitted_ms"]] == [result["width"]] * 4
     for r in result["rows"]:
         assert r["min"] <= r["median"] <= r["max"] and r["spread"] >= 0

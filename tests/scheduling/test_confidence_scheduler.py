@@ -179,11 +179,11 @@ def test_profile_sps_and_cache(tmp_path):
     assert profile_sps(
         target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path, repeats=2, warmup=1
     ).sps.tolist() == [3.0, 2.0, 1.0]
-    # Timing noise (a wider forward timed faster) is fitted away: seconds non-decreasing in T.
+    # A wider forward timed faster is returned as measured (the loop may pad to it: `padded`).
     saved["sps"] = [1 / 40.0, 1 / 30.0, 1 / 50.0]
     path.write_text(json.dumps(saved))
-    fitted = profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path)
-    assert (1 / fitted.sps).tolist() == pytest.approx([35.0, 35.0, 50.0])
+    table = profile_sps(target, batch_size=2, token_counts=[2, 4, 8], context_len=16, cache_file=path)
+    assert (1 / table.sps).tolist() == pytest.approx([40.0, 30.0, 50.0])
     with pytest.raises(ValueError, match=">= 2"):
         profile_sps(target, batch_size=2, token_counts=[1, 4], cache_file=tmp_path / "x.json")
 
@@ -232,22 +232,74 @@ def test_profile_sps_rounds_drop_a_slow_spell(tmp_path, monkeypatch):
     assert len(calls) == 5 * len(grid)  # measured again, not read
 
 
-def test_monotone_fit_pools_adjacent_violators():
-    """The least-squares non-decreasing fit of the seconds per step: runs that fall are pooled
-    into their mean; a table already monotone is unchanged; the planted dips of a measured
-    table (batch 1, SmolLM2 in bf16) come out flat, not as a rise."""
+def test_padded_table_prices_the_cheapest_width_at_or_above():
+    """`SPSTable.padded`: a forward of T tokens costs the cheapest measured point at or above
+    T, and `runs` names it; a table whose seconds already rise is unchanged; the overhead
+    keeps the points' runs; SmolLM2's fp32 batch-1 bumps (ms for 1-8 tokens) are priced at
+    the widths that run faster."""
 
-    def seconds(ms):
-        return (1000 / SPSTable(list(range(1, len(ms) + 1)), [1000 / x for x in ms]).monotone().sps).tolist()
+    def table(ms):
+        return SPSTable(list(range(1, len(ms) + 1)), [1000 / x for x in ms])
 
-    assert seconds([10, 20, 30]) == pytest.approx([10, 20, 30])
-    assert seconds([30, 20, 10]) == pytest.approx([20, 20, 20])
-    assert seconds([47.7, 43.6, 40.0, 40.7, 44.7, 43.6, 46.0, 46.0]) == pytest.approx(
-        [43.0, 43.0, 43.0, 43.0, 44.15, 44.15, 46.0, 46.0]
+    rising = table([10, 20, 30]).padded()
+    assert (1000 / rising.sps).tolist() == pytest.approx([10, 20, 30])
+    assert [rising.runs(t) for t in (1, 2, 3, 4)] == [1, 2, 3, 4]  # past the end: itself
+    bumps = table([55, 88, 108, 77, 70, 75, 94, 73]).padded()
+    assert (1000 / bumps.sps).tolist() == pytest.approx([55, 70, 70, 70, 70, 73, 73, 73])
+    assert [bumps.runs(t) for t in range(1, 9)] == [1, 5, 5, 5, 5, 8, 8, 8]
+    assert [bumps.with_overhead(0.01).runs(t) for t in range(1, 9)] == [1, 5, 5, 5, 5, 8, 8, 8]
+    assert table([55, 88]).runs(2) == 2  # unpadded: every point runs its own width
+    with pytest.raises(ValueError, match="at least"):
+        SPSTable([1, 2], [1.0, 1.0], runs=[1, 1])
+
+
+def test_verify_width_pads_to_the_table_and_the_loop_stays_exact():
+    """A `ConfidenceScheduler` on a padded table widens the verify forward to the width the
+    table prices (never past max_spec_len, never for a step that verifies nothing); the loop
+    runs that forward, and greedy output still equals plain decoding."""
+    from flashspark.decoding import speculative_generate
+    from flashspark.decoding.plain import generate
+    from flashspark.models.dflash import DFlashConfig, DFlashDrafter
+
+    K = 4
+    # Rows of one request: a 2- or 3-token forward costs more than a 4-token one.
+    sps = SPSTable([1, 2, 3, 4, 5], [1 / 10, 1 / 30, 1 / 30, 1 / 12, 1 / 40]).padded()
+    sched = ConfidenceScheduler(K, sps)
+    assert [sched.verify_width(torch.tensor([k])) for k in range(K + 1)] == [0, 3, 3, 3, 4]
+    wide = ConfidenceScheduler(2, sps)
+    assert wide.verify_width(torch.tensor([1])) == 2  # capped at max_spec_len
+
+    cfg = DecoderConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        torch_dtype="float32",
     )
-    fit = seconds([5, 9, 3, 8, 8, 1, 12])
-    assert all(b >= a for a, b in zip(fit, fit[1:]))
-    assert sum(fit) == pytest.approx(5 + 9 + 3 + 8 + 8 + 1 + 12)  # pooling keeps each run's total
+    target = DecoderForCausalLM(cfg)
+    target.init_weights(0)
+    drafter = DFlashDrafter(DFlashConfig.for_target(cfg, num_hidden_layers=1, block_size=K + 1), target)
+    drafter.init_weights(1)
+    widths = []
+    forward = target.forward
+
+    def spy(tokens, *args, **kwargs):
+        widths.append(tokens.shape[1])
+        return forward(tokens, *args, **kwargs)
+
+    target.forward = spy
+    conf = torch.tensor([0.9, 0.0, 0.0, 0.0])  # one draft a step: the rest add nothing to Θ
+    sched = ConfidenceScheduler(K, sps, confidence_fn=lambda state: conf.expand(state.active.numel(), -1))
+    prompts = [[3, 5, 7, 9, 11]]
+    out, _ = speculative_generate(target, drafter, prompts, max_new_tokens=12, scheduler=sched)
+    target.forward = forward
+    ref, _ = generate(target, prompts, max_new_tokens=12)
+    assert out == ref
+    assert 4 in widths[1:]  # a step verifying one draft ran the 4-token forward the table prices
 
 
 def test_dspark_with_confidence_scheduler_in_the_loop_is_lossless():

@@ -117,8 +117,14 @@ def speculative_generate(
             block, k_b = DraftBlock(anchor.new_zeros(B, nodes)), torch.zeros_like(lens)
         stats.tick("schedule")
         # 4. One ragged target forward over [anchor, d_1 .. d_k_b] (a tree's nodes, each seeing its
-        #    ancestors), as wide as the longest; finished requests write nothing.
-        w = K if scheduler.fixed_width else int(k_b.max())
+        #    ancestors), as wide as the longest (a chain's as the scheduler pads it: columns past
+        #    k_b are computed, never verified); finished requests write nothing.
+        if scheduler.fixed_width:
+            w = K
+        elif drafted and block.tree is None:
+            w = scheduler.verify_width(k_b)
+        else:
+            w = int(k_b.max())
         tokens = torch.cat((anchor[:, None], block.tokens[:, :w]), 1)
         shape = None if block.tree is None else tree_inputs(block.tree, w, n)
         fwd = target(tokens, tcache, lens, (k_b + 1) * active, layers, shape)

@@ -6,7 +6,8 @@ drafts), drafts a block, calls `plan(state)` for how many drafts each request ve
 outcomes to `observe(block, num_accepted, num_verified)`. `max_spec_len` is the static
 bound the loop sizes its buffers with; `wants_signals` asks the drafter for DFlash 2's path
 signals; `fixed_width` says every active request verifies exactly max_spec_len drafts (the
-target forward is then that wide without reading the plan back).
+target forward is then that wide without reading the plan back); otherwise `verify_width`
+sets the forward's width from the plan.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class Scheduler:
     def plan(self, state: ScheduleState) -> torch.Tensor:
         """Drafts each request verifies this step: int64 [B] in [0, max_spec_len], 0 when finished."""
         raise NotImplementedError
+
+    def verify_width(self, num_verified: torch.Tensor) -> int:
+        """Draft columns of the step's verify forward, given the drafts each request verifies
+        (int64 [B]): at least the most any request verifies (the default, exactly that). A
+        wider forward computes columns nobody verifies, worth it where the wider shape runs
+        faster; what is verified does not change."""
+        return int(num_verified.max())
 
     def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
         """The step's outcomes: accepted and verified drafts per request (nothing to learn by default)."""

@@ -440,6 +440,18 @@ class ConfidenceScheduler(Scheduler):
             raise ValueError("ConfidenceScheduler needs per-token confidences (ScheduleState.confidence)")
         return self.schedule(conf, state.active)
 
+    def verify_width(self, num_verified: torch.Tensor) -> int:
+        """The plan's widest request, padded to the width the SPS table prices it at: a `padded`
+        table (`SPSTable.padded`, as a `Decoder`'s is) prices a width by the cheapest measured
+        forward at or above it, and the step runs that forward. Which drafts are verified is
+        the plan's alone, so the schedule stays lossless."""
+        w = int(num_verified.max())
+        if w == 0:
+            return 0  # nothing to verify: the step's forward is a plain one
+        rows = num_verified.numel()
+        runs = self.sps.runs(rows * (w + 1))
+        return max(w, min(self.max_spec_len, -(-runs // rows) - 1))
+
     def observe(self, block, num_accepted: torch.Tensor, num_verified: torch.Tensor) -> None:
         """The loop reports each step's outcomes: they recalibrate the confidences, and a
         confidence source that learns online hears them too."""

@@ -40,7 +40,7 @@ class SPSTable:
     verified tokens T: piecewise-linear between measured points, constant
     beyond the ends."""
 
-    def __init__(self, tokens: Sequence[int], sps: Sequence[float]):
+    def __init__(self, tokens: Sequence[int], sps: Sequence[float], runs: Sequence[int] | None = None):
         t = torch.as_tensor(tokens, dtype=torch.float64)
         s = torch.as_tensor(sps, dtype=torch.float64)
         if t.numel() == 0 or t.shape != s.shape:
@@ -52,6 +52,11 @@ class SPSTable:
         if bool((self.tokens[1:] == self.tokens[:-1]).any()):
             raise ValueError("SPS table has repeated token counts")
         self._t, self._s = self.tokens.numpy(), self.sps.numpy()
+        # The token count each point's forward actually runs at (`padded`): its own unless padded.
+        r = self._t.astype(np.int64) if runs is None else np.asarray(runs, dtype=np.int64)[order.numpy()]
+        if r.shape != self._t.shape or bool((r < self._t).any()):
+            raise ValueError("a forward runs at least the tokens it verifies")
+        self._runs = r
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """SPS at token counts `tokens` (any shape), float64."""
@@ -68,31 +73,37 @@ class SPSTable:
         w = np.clip((x - t0) / (t1 - t0), 0.0, 1.0)
         return np.asarray(s0 + w * (s1 - s0))
 
-    def monotone(self) -> "SPSTable":
-        """The closest table (least squares in seconds per step) in which a forward over more
-        tokens never costs less: the measured seconds fitted non-decreasing in T by pooling
-        adjacent violators. A bump otherwise prices the next few drafts out: the lossless
-        early stop (`schedule_tokens`) cannot look past it. Bumps are not only noise: on this
-        CPU SmolLM2's fp32 forward at batch 1 takes 55, 87, 105, 74, 67, 73, 91, 72 ms for 1-8
-        tokens, every profile alike (matrix kernels picked per shape), and the fit reads
-        widths 2-8 as one flat cost, 81 ms. (A loop that padded a verify to the cheapest
-        width at or above it would make the suffix minimum the true cost; ours does not.)"""
-        blocks: list[list[float]] = []  # [sum of seconds, count] of each pooled run
-        for sec in (1.0 / self._s).tolist():
-            blocks.append([sec, 1])
-            while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
-                total, count = blocks.pop()
-                blocks[-1][0] += total
-                blocks[-1][1] += count
-        seconds = [total / count for total, count in blocks for _ in range(int(count))]
-        return SPSTable(self.tokens.tolist(), [1.0 / x for x in seconds])
+    def padded(self) -> "SPSTable":
+        """The table of a forward that may run wider than it must: verifying T tokens costs the
+        cheapest measured point at or above T (the extra columns are computed and ignored), so
+        seconds never fall as T grows. `runs(T)` says which point that is. The loop pads a
+        confidence schedule's verify forward so (`ConfidenceScheduler.verify_width`).
+
+        Why: a forward's time is not monotone in its width. On this CPU SmolLM2's fp32 forward
+        at batch 1 takes 55, 88, 108, 77, 70, 75, 94, 73 ms for 1-8 tokens, every profile
+        alike (matrix kernels chosen per shape; `bench/sps_spread.py`): verifying 2 or 3 drafts
+        as a 5-token forward saves a third, and a table that reads the bump at 2-3 tokens stops
+        the lossless early stop (`schedule_tokens`) before the cheap widths beyond it. (Noise
+        only adds time, and `profile_sps` keeps the fastest of its rounds.)"""
+        seconds = 1.0 / self._s
+        runs = self._runs.copy()
+        for i in range(seconds.size - 2, -1, -1):
+            if seconds[i + 1] < seconds[i]:
+                seconds[i], runs[i] = seconds[i + 1], runs[i + 1]
+        return SPSTable(self.tokens.tolist(), (1.0 / seconds).tolist(), runs.tolist())
+
+    def runs(self, tokens: int) -> int:
+        """The token count a forward of `tokens` runs at: at a point of a `padded` table the
+        cheapest point at or above it, else `tokens` itself."""
+        i = int(np.searchsorted(self._t, tokens, side="left"))
+        return int(self._runs[i]) if i < self._t.size and self._t[i] == tokens else int(tokens)
 
     def with_overhead(self, seconds: float) -> "SPSTable":
         """The table of whole steps that also spend `seconds` on work independent of T
         (drafting): 1 / (1 / SPS(T) + seconds)."""
         if seconds < 0:
             raise ValueError("overhead must be >= 0")
-        return SPSTable(self.tokens.tolist(), (1.0 / (1.0 / self.sps + seconds)).tolist())
+        return SPSTable(self.tokens.tolist(), (1.0 / (1.0 / self.sps + seconds)).tolist(), self._runs.tolist())
 
     def to_dict(self) -> dict:
         return {"tokens": [int(x) for x in self.tokens.tolist()], "sps": self.sps.tolist()}
@@ -190,10 +201,10 @@ def profile_sps(
     is spread over them as evenly as possible. `overhead_s` adds the per-step cost
     that does not depend on T (drafting, verify, bookkeeping). Every T is warmed
     `warmup` times, then timed once per round for `repeats` rounds that sweep the grid
-    in alternating directions; the fastest time per T, fitted non-decreasing in T
-    (`SPSTable.monotone`). The measured rates are cached in `cache_file` (default: the
-    user cache dir, keyed by target, machine, grid and this estimator); `refresh`
-    re-measures.
+    in alternating directions; the fastest time per T, as measured (a forward's time
+    need not grow with T: `SPSTable.padded`). The measured rates are cached in
+    `cache_file` (default: the user cache dir, keyed by target, machine, grid and this
+    estimator); `refresh` re-measures.
 
     Why rounds and the fastest: what the scheduler reads is the table's shape (a wide
     verify against a one-token step), and a shared machine's interference only ever adds
@@ -214,7 +225,7 @@ def profile_sps(
     if path.is_file() and not refresh:
         d = json.loads(path.read_text())
         if d.get("key") == key:
-            return SPSTable.from_dict(d).monotone()
+            return SPSTable.from_dict(d)
     p = target.model.embed_tokens.weight
     device = p.device
     width = max(-(-t // batch_size) for t in token_counts)
@@ -238,7 +249,7 @@ def profile_sps(
     path.parent.mkdir(parents=True, exist_ok=True)
     # Atomic: other processes on the machine share the cache and may read it at any moment.
     data.write_json(path, table.to_dict() | {"key": key, "batch_size": batch_size, "context_len": context_len})
-    return table.monotone()
+    return table
 
 
 # ---------------------------------------------------------------------- cost model
