@@ -29,8 +29,7 @@ import timing
 import torch
 from flashspark.cli.common import check_args
 from flashspark.decoding.loop import prefill
-from flashspark.decoding.plain import generate
-from flashspark.methods import load_method_drafter, measured_step_seconds
+from flashspark.methods import load_method_drafter, measured_plain_step_seconds, measured_step_seconds
 from flashspark.scheduling import costs
 from flashspark.scheduling.replay import Trace
 
@@ -51,17 +50,6 @@ def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> fl
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-@torch.no_grad()
-def plain_step_seconds(target, batch: int, context: int, temperature: float, steps: int = 24) -> float:
-    """Wall seconds of one step of plain decoding (`generate`: the forward, sampling, the
-    loop's bookkeeping) for `batch` requests from `context` random prompt tokens."""
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(2, target.config.vocab_size, (batch, context), generator=gen).tolist()
-    generate(target, prompts, max_new_tokens=2, temperature=temperature)  # warm-up
-    _, st = generate(target, prompts, max_new_tokens=steps, temperature=temperature)
-    return st["decode_seconds"] / max(1, st["forwards"])
 
 
 def trace_context(name: str) -> int | None:
@@ -88,7 +76,9 @@ def step_rests(
         key = f"{t:g}"
         rest["plain"][key] = []
         for b in batches:
-            step = statistics.median(plain_step_seconds(target, b, context, t) for _ in range(repeats))
+            step = statistics.median(
+                measured_plain_step_seconds(target, b, context, temperature=t) for _ in range(repeats)
+            )
             model = float(costs.forward_time(shape, hw, b, 1, context))
             rest["plain"][key].append([b, step - model])
             checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})

@@ -39,7 +39,7 @@ from .models.dspark import load_dspark
 from .models.io import has_weights
 from .models.tree import SEARCHES
 from .scheduling.confidence import ADMISSIONS, ConfidenceScheduler, ConfidenceStats, conditional
-from .scheduling.costs import SPSTable, forward_seconds, profile_sps
+from .scheduling.costs import SPSTable, profile_sps
 from .scheduling.fixed import FixedK
 from .scheduling.proxy import ConfidenceProxy
 from .scheduling.verdict import BatchVerdict
@@ -257,6 +257,18 @@ def measured_step_seconds(
     return st["decode_seconds"] / max(1, st["iterations"])
 
 
+def measured_plain_step_seconds(
+    target, batch_size: int, context_len: int = 64, steps: int = 24, temperature: float = 0.0
+) -> float:
+    """Wall seconds of one step of plain decoding (`generate`: the forward, sampling, the
+    loop's bookkeeping) for `batch_size` requests from `context_len` random prompt tokens."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
+    generate(target, prompts, max_new_tokens=2, temperature=temperature)  # warm-up
+    _, st = generate(target, prompts, max_new_tokens=steps, temperature=temperature)
+    return st["decode_seconds"] / max(1, st["forwards"])
+
+
 def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
     """Plain decoding with the speculative loop's stats keys (τ = 1, nothing drafted)."""
     out, st = generate(
@@ -278,29 +290,14 @@ def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):
     }
 
 
-def forward_seconds_now(
-    target, batch_size: int, tokens_per_request: int, hidden_layers=None, context_len: int = 64
-) -> float:
-    """Median wall seconds, now, of one target forward of `tokens_per_request` tokens for each of
-    `batch_size` requests at `context_len` committed tokens."""
-    device = target.model.embed_tokens.weight.device
-    cache = target.new_cache(batch_size, context_len + tokens_per_request)
-    lens = torch.full((batch_size,), context_len, dtype=torch.int64, device=device)
-    tokens = torch.randint(
-        2, target.config.vocab_size, (batch_size, tokens_per_request), generator=torch.Generator().manual_seed(0)
-    ).to(device)
-    with torch.no_grad():
-        return forward_seconds(target, tokens, cache, lens, torch.full_like(lens, tokens_per_request), hidden_layers)
-
-
 def step_sps(
-    target, drafter, batch_size: int, path: str = "auto", rounds: int = 3, tree: int = 0
+    target, drafter, batch_size: int, path: str = "auto", rounds: int = 5, tree: int = 0
 ) -> tuple[SPSTable, SPSTable]:
     """(speculative, plain) step rates: SPS(T) = 1 / (target verify forward of T tokens, padded
-    to the cheapest width at or above it (`SPSTable.padded`), + the step's other work,
-    measured in the loop), and the target forward alone (a plain decode step at T = batch
-    size). The forward's table is cached on disk (`profile_sps`); a `Decoder` keeps the pair
-    per batch size."""
+    to the cheapest width at or above it (`SPSTable.padded`), + the rest of a full-width step
+    measured in the loop), and a plain decoding step (the forward's table scaled to the
+    plain steps measured at T = batch size). The forward's table is cached on disk
+    (`profile_sps`); a `Decoder` keeps the pair per batch size."""
     layers = drafter.config.target_layer_ids
     # Every verify width a step can take: 1 .. num_drafts + 1 tokens per request, or a tree's
     # nodes (beyond the table's end SPS would be read as flat, and the last draft as free).
@@ -308,18 +305,22 @@ def step_sps(
     widths = range(1, w + 1)
     forward = profile_sps(target, batch_size, [batch_size * w for w in widths], hidden_layers=layers)
     padded = forward.padded()  # a speculative step runs its verify at the cheapest width at or above it
-    # Whatever a real step costs beyond the profiled forward of its K + 1 tokens per request
-    # (drafting, verify, commit, and the forward's own slowdown inside the loop) is the
-    # per-step overhead of every speculative step. Measured as a ratio to the same forward
-    # timed right after, median of `rounds`: a shared machine's slow spells then cancel
-    # instead of landing in the overhead (one slow measurement once priced a batch size out).
-    ratios = [
-        measured_step_seconds(target, drafter, batch_size, path, tree=tree)
-        / forward_seconds_now(target, batch_size, w, layers)
-        for _ in range(rounds)
-    ]
-    overhead = max(0.0, (statistics.median(ratios) - 1.0) / float(forward(torch.tensor(batch_size * w))))
-    return padded.with_overhead(overhead), forward
+    # What decides is a speculative step against a plain one, so both are measured as they
+    # run, back to back, median of `rounds` (a shared machine's slow spells then land on both):
+    # a full-width speculative step in the loop, and a plain decoding step (`generate`). The
+    # profile gives only the shape in between. A profiled forward is not what a step costs:
+    # inside the loop the drafter and the target evict each other's weights, and plain
+    # decoding runs no feature taps (on SmolLM2 in fp32 at batch 8 the profile's one-token
+    # forward read 102 ms where plain decoding's steps measured 72-87 ms, and the prior
+    # predicted a gain where speculation ran at 0.85x).
+    spec_steps, plain_steps = [], []
+    for _ in range(rounds):
+        spec_steps.append(measured_step_seconds(target, drafter, batch_size, path, tree=tree))
+        plain_steps.append(measured_plain_step_seconds(target, batch_size))
+    full = 1.0 / float(forward.rate(batch_size * w))
+    overhead = max(0.0, statistics.median(spec_steps) - full)
+    scale = statistics.median(plain_steps) * float(forward.rate(batch_size))
+    return padded.with_overhead(overhead), SPSTable(forward.tokens.tolist(), (forward.sps / scale).tolist())
 
 
 class Decoder:

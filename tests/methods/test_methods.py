@@ -550,7 +550,31 @@ def test_step_table_covers_every_verify_width(monkeypatch):
 
     monkeypatch.setattr(methods, "profile_sps", fake_profile)
     monkeypatch.setattr(methods, "measured_step_seconds", lambda *a, **k: 1.0)
-    monkeypatch.setattr(methods, "forward_seconds_now", lambda *a, **k: 1.0)
+    monkeypatch.setattr(methods, "measured_plain_step_seconds", lambda *a, **k: 1.0)
     target = tiny_target(seed=5)
     methods.step_sps(target, tiny_dspark(target), 3)
     assert seen["tokens"] == [3 * w for w in range(1, 5 + 2)]  # γ = 5: up to 6 tokens per request
+
+
+def test_step_tables_price_the_measured_steps(monkeypatch):
+    """The speculative table costs what a full-width step measures in the loop at its full
+    width, and the profile's shape (padded) below it; the plain table costs what a plain
+    decoding step measures at T = batch size. Both step kinds are measured back to back,
+    median of the rounds."""
+    from flashspark import methods  # noqa: PLC0415
+
+    profile = [0.050, 0.090, 0.070, 0.080, 0.085, 0.100]  # seconds at 1..6 tokens per request, batch 2
+    monkeypatch.setattr(
+        methods, "profile_sps", lambda target, b, tokens, **kw: SPSTable(tokens, [1 / x for x in profile])
+    )
+    order = []
+    spec = iter([0.120, 0.500, 0.110])  # one slow round: the median drops it
+    plain = iter([0.040, 0.041, 0.300])
+    monkeypatch.setattr(methods, "measured_step_seconds", lambda *a, **k: order.append("spec") or next(spec))
+    monkeypatch.setattr(methods, "measured_plain_step_seconds", lambda *a, **k: order.append("plain") or next(plain))
+    target = tiny_target(seed=5)
+    spec_sps, plain_sps = methods.step_sps(target, tiny_dspark(target), 2, rounds=3)  # γ = 5: 1..6 tokens
+    assert order == ["spec", "plain"] * 3
+    # Overhead 0.120 - 0.100 = 0.020 on the padded profile (0.070 at 2 and 3 tokens per request).
+    assert (1 / spec_sps.sps).tolist() == pytest.approx([0.070, 0.090, 0.090, 0.100, 0.105, 0.120])
+    assert 1 / float(plain_sps.rate(2)) == pytest.approx(0.041)
