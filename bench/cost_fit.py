@@ -27,7 +27,6 @@ import numpy as np
 import targets
 import timing
 import torch
-from flashspark.cli.common import check_args
 from flashspark.decoding.loop import prefill
 from flashspark.methods import load_method_drafter, measured_plain_step_seconds, measured_step_seconds
 from flashspark.scheduling import costs
@@ -124,15 +123,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    try:
-        check_args(args)
-        bench_target = e2e_bench.load_target(args)
-        target = bench_target.model
-        drafter = load_method_drafter(args.drafter, target)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = e2e_bench.load_target_and_drafter(args, args.drafter)
+    if loaded is None:
         return 2
-    name = "tiny" if bench_target.tiny else bench_target.ref.known.name
+    bench_target, drafter, name = loaded
+    target = bench_target.model
     dtype = target.lm_head.weight.dtype
     elem = torch.finfo(dtype).bits // 8
     shape = costs.ForwardShape.of_decoder(target.config, weight_bytes_per_param=elem, kv_bytes_per_value=elem)

@@ -98,6 +98,19 @@ def load_target(args) -> targets.BenchTarget:
     return targets.load_bench_target(args, device)
 
 
+def load_target_and_drafter(args, drafter: str):
+    """(the bench target of --model / --dtype on --device, the `drafter` method's shipped drafter
+    for it, the target's short name), or None after printing why not (bad arguments, no drafter)."""
+    try:
+        check_args(args)
+        bench_target = load_target(args)
+        d = load_method_drafter(drafter, bench_target.model)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    return bench_target, d, "tiny" if bench_target.tiny else bench_target.ref.known.name
+
+
 def prompt_lengths(prompts: list[list[int]]) -> dict:
     lens = [len(p) for p in prompts]
     return {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +27,6 @@ import e2e_bench
 import targets
 import timing
 import torch
-from flashspark.cli.common import check_args
-from flashspark.methods import load_method_drafter
 from flashspark.scheduling import costs
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -108,15 +105,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    try:
-        check_args(args)
-        bench_target = e2e_bench.load_target(args)
-        target = bench_target.model
-        drafter = load_method_drafter(args.drafter, target)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    loaded = e2e_bench.load_target_and_drafter(args, args.drafter)
+    if loaded is None:
         return 2
-    name = "tiny" if bench_target.tiny else bench_target.ref.known.name
+    bench_target, drafter, name = loaded
+    target = bench_target.model
     dtype = target.lm_head.weight.dtype
     layers = drafter.config.target_layer_ids
     width = drafter.num_drafts + 1

@@ -19,6 +19,24 @@ from flashspark.scheduling.costs import SPSTable, profile_sps
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def tiny_config(**kw) -> DecoderConfig:
+    """A few-thousand-parameter fp32 target config (`kw` overrides)."""
+    return DecoderConfig(
+        **{
+            "vocab_size": 64,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "max_position_embeddings": 128,
+            "torch_dtype": "float32",
+        }
+        | kw
+    )
+
+
 def theta(conf, active, k, sps):
     """Θ = τ · SPS(T) of an admission k [B] (k_r leading positions of request r)."""
     a = prefix_survival(conf)
@@ -153,17 +171,7 @@ def test_scheduler_interface_and_delay():
 
 
 def test_profile_sps_and_cache(tmp_path):
-    cfg = DecoderConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=128,
-        torch_dtype="float32",
-    )
+    cfg = tiny_config(num_hidden_layers=2, max_position_embeddings=128)
     target = DecoderForCausalLM(cfg)
     target.init_weights(0)
     path = tmp_path / "sps.json"
@@ -196,17 +204,7 @@ def test_profile_sps_rounds_drop_a_slow_spell(tmp_path, monkeypatch):
     cached under another estimator is measured again."""
     from flashspark.scheduling import costs
 
-    cfg = DecoderConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=128,
-        torch_dtype="float32",
-    )
+    cfg = tiny_config(num_hidden_layers=1, max_position_embeddings=128)
     target = DecoderForCausalLM(cfg)
     target.init_weights(0)
     grid = [2, 4, 6, 8, 10, 12]
@@ -269,17 +267,7 @@ def test_verify_width_pads_to_the_table_and_the_loop_stays_exact():
     wide = ConfidenceScheduler(2, sps)
     assert wide.verify_width(torch.tensor([1])) == 2  # capped at max_spec_len
 
-    cfg = DecoderConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        torch_dtype="float32",
-    )
+    cfg = tiny_config(num_hidden_layers=2, max_position_embeddings=256)
     target = DecoderForCausalLM(cfg)
     target.init_weights(0)
     drafter = DFlashDrafter(DFlashConfig.for_target(cfg, num_hidden_layers=1, block_size=K + 1), target)

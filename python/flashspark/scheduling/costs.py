@@ -81,8 +81,8 @@ class SPSTable:
 
         Why: a forward's time is not monotone in its width. On this CPU SmolLM2's fp32 forward
         at batch 1 takes 55, 88, 108, 77, 70, 75, 94, 73 ms for 1-8 tokens, every profile
-        alike (matrix kernels chosen per shape; `bench/sps_spread.py`): verifying 2 or 3 drafts
-        as a 5-token forward saves a third, and a table that reads the bump at 2-3 tokens stops
+        alike (matrix kernels chosen per shape; `bench/sps_spread.py`): verifying 1 or 2 drafts
+        as a 5-token forward saves a fifth to a third, and a table that reads the bump at 2-3 tokens stops
         the lossless early stop (`schedule_tokens`) before the cheap widths beyond it. (Noise
         only adds time, and `profile_sps` keeps the fastest of its rounds.)"""
         seconds = 1.0 / self._s
@@ -211,9 +211,9 @@ def profile_sps(
     time, in bursts from one forward to spells of seconds. Swept in rounds, every T gets
     its chances spread over the whole profile, and the fastest of them is the forward
     without interference. Timed one T after another, the median of each block, the
-    shape of SmolLM2's table (fp32, a verify of 8 tokens over one, at batch 1) ranged
-    1.42-2.03 over 8 profiles minutes apart; the fastest over rounds varies by a few
-    percent (`bench/sps_spread.py`).
+    padded shape of SmolLM2's table (fp32, batch 1, a verify of 8 tokens over one)
+    ranged 1.11-1.76 over 8 profiles minutes apart; the fastest over rounds, 1.26-1.49
+    (`bench/sps_spread.py`).
     """
     if token_counts is None:
         token_counts = sorted({batch_size * k for k in range(1, 9)})
