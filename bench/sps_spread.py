@@ -114,7 +114,8 @@ def main(argv=None) -> int:
     layers = drafter.config.target_layer_ids
     width = drafter.num_drafts + 1
     trials = []
-    scratch = Path(tempfile.mkdtemp(prefix="sps_spread_"))
+    scratch_dir = tempfile.TemporaryDirectory(prefix="sps_spread_")  # profile_sps's cache files
+    scratch = Path(scratch_dir.name)
     print(f"{'trial':>5} {'batch':>5} {'estimator':>9} {'shape':>6} {'one-token ms':>12} {'seconds':>7}")
     for i in range(args.trials):
         if i and args.gap:
@@ -136,15 +137,15 @@ def main(argv=None) -> int:
                 wall = time.perf_counter() - t0
                 seconds = (1.0 / table.sps).tolist()
                 trials.append({"trial": i, "batch": b, "estimator": est, "tokens": grid, "seconds": seconds,
-                               "raw_seconds": (1.0 / raw.sps).tolist(), "wall_s": wall})  # fmt: skip
+                               "raw_seconds": (1.0 / raw.sps).tolist(), "shape": shape(table),
+                               "wall_s": wall})  # fmt: skip
                 print(f"{i:>5} {b:>5} {est:>9} {shape(table):>6.2f} {1e3 * seconds[0]:>12.1f} {wall:>7.1f}", flush=True)
+    scratch_dir.cleanup()
     rows = []
     print(f"\n{'batch':>5} {'estimator':>9} {'median':>6} {'min':>6} {'max':>6} {'spread':>6}")
     for b in args.batches:
         for est in ESTIMATORS:
-            s = summary([
-                t["seconds"][-1] / t["seconds"][0] for t in trials if t["batch"] == b and t["estimator"] == est
-            ])  # fmt: skip
+            s = summary([t["shape"] for t in trials if t["batch"] == b and t["estimator"] == est])
             rows.append({"batch": b, "estimator": est, **s})
             print(f"{b:>5} {est:>9} {s['median']:>6.2f} {s['min']:>6.2f} {s['max']:>6.2f} {100 * s['spread']:>5.0f}%")
     print(f"\n{'batch':>5} {'estimator':>9}  unfitted ms per T, median over trials")

@@ -224,6 +224,13 @@ def load_prior(drafter_dir: str | Path, temperature: float, width: int | None = 
     return stats.scaled(SHIPPED_PRIOR_ROWS)
 
 
+def _random_prompts(target, batch_size: int, context_len: int) -> list[list[int]]:
+    """The fixed random prompts the step measurements decode (what a step costs does not
+    depend on what it reads)."""
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
+
+
 @torch.no_grad()
 def measured_step_seconds(
     target,
@@ -242,8 +249,7 @@ def measured_step_seconds(
     there the drafter and the target take turns and evict each other's weights from the
     caches, so the target's forward costs more than when it runs alone (as `profile_sps` times it)."""
     k = drafter.num_drafts
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
+    prompts = _random_prompts(target, batch_size, context_len)
 
     def run(new_tokens):
         return speculative_generate(
@@ -262,8 +268,7 @@ def measured_plain_step_seconds(
 ) -> float:
     """Wall seconds of one step of plain decoding (`generate`: the forward, sampling, the
     loop's bookkeeping) for `batch_size` requests from `context_len` random prompt tokens."""
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(2, target.config.vocab_size, (batch_size, context_len), generator=gen).tolist()
+    prompts = _random_prompts(target, batch_size, context_len)
     generate(target, prompts, max_new_tokens=2, temperature=temperature)  # warm-up
     _, st = generate(target, prompts, max_new_tokens=steps, temperature=temperature)
     return st["decode_seconds"] / max(1, st["forwards"])

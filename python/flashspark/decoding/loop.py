@@ -121,7 +121,7 @@ def speculative_generate(
         #    k_b are computed, never verified); finished requests write nothing.
         if scheduler.fixed_width:
             w = K
-        elif drafted and block.tree is None:
+        elif block.tree is None:
             w = scheduler.verify_width(k_b)
         else:
             w = int(k_b.max())
