@@ -420,7 +420,7 @@ class Decoder:
             if prior is not None and prior.rows >= scheduler.min_rows:
                 survival = conditional(prior.mean_survival())
                 predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens) / scheduler.min_gain
-            if not self.verdict.choose(key, predicted):
+            if not self.verdict.choose(key, predicted, requests=B):
                 out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
                 self.verdict.record(key, False, stats["tokens_per_s"], self.plain_estimate(B, out, stats))
                 return out, stats

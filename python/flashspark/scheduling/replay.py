@@ -194,7 +194,7 @@ class SchedulerPolicy:
     def start(self, batch_size: int) -> bool:
         predicted = self.predict(batch_size)
         if self.verdict is not None:
-            speculate = self.verdict.choose(batch_size, predicted)
+            speculate = self.verdict.choose(batch_size, predicted, requests=batch_size)
         else:
             speculate = predicted is None or predicted >= 1.0
         if speculate:

@@ -41,6 +41,18 @@ in the replay (bench/combo_replay.py, H200 projection, concurrency 8-16) the swa
 to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter.
 (The prior's prediction carries its own margin, the scheduler's `min_gain`.)
 
+**The benefit of the doubt.** Speculation is favoured while its judged ratio, raised by
+OPTIMISM (2) standard errors of its log, clears even: the spread of its batches' paired log
+ratios (SPREAD / batch^(1/4) counting as one of them, so a single batch has a spread) over the
+root of the speculative batches run plus the prior's weight. The plain arm needs none: the
+counterfactual estimates measure it on every speculative batch. One batch at concurrency 1 is
+one request, and requests' gains spread by 15%: on the H200 projection at T = 0 a first request
+measuring 0.82x, against a gain of 1.21x, kept the worst of 50 orders plain at 0.83x the best
+fixed K; with the benefit of the doubt speculation runs on and the worst order reads 0.99x
+(concurrency 2: 0.88x -> 0.99x). The bonus fades as batches add up (by the count run, not the
+window, which would keep it for good): a loss of 15% is run three batches before the
+measurements outweigh it, and in the long run the margin below decides ties again.
+
 **Probes.** The other arm is still probed, after 2^lost batches. For an arm never measured,
 `lost` starts at 2 + round(PREDICTED_SLOPE |log2 ratio|) on the prior's prediction alone, at
 most PREDICTED_MAX (a prediction of a loss is probed late: 0.96x at batch 8, 0.92x at 16, 0.89x
@@ -108,11 +120,24 @@ class BatchVerdict:
     ESTIMATE_DOUBLINGS = 3
     MARGIN = 1.02  # speculation must measure this far ahead of plain decoding to be favoured
     PRIOR_BATCHES = 2  # the prior's prediction weighs as many speculative batches
+    OPTIMISM = 2.0  # standard errors of its judged ratio that speculation is given the benefit of
+    # A speculative batch's spread of log paired ratios at batch 1, until its own batches measure
+    # it; it falls as batch^(-1/4) (a batch lasts as long as its slowest request, so averaging
+    # its requests narrows it less than 1/sqrt(batch) would): the H200 projection's DFlash 2
+    # K = 3 batches at T = 0 spread by 0.155, 0.137, 0.089, 0.083 at batch 1, 2, 4, 8.
+    SPREAD = 0.15
 
-    def __init__(self, window: int = 8, margin: float = MARGIN, prior_batches: float = PRIOR_BATCHES):
+    def __init__(
+        self,
+        window: int = 8,
+        margin: float = MARGIN,
+        prior_batches: float = PRIOR_BATCHES,
+        optimism: float | None = None,
+    ):
         self.window = window
         self.margin = margin
         self.prior_batches = prior_batches
+        self.optimism = self.OPTIMISM if optimism is None else optimism
         self.arms: dict = {}
         self.last: dict = {}  # key -> (arm, whether it was a probe, the favoured arm)
 
@@ -146,13 +171,29 @@ class BatchVerdict:
             r = math.exp((w * math.log(a.predicted) + n * math.log(r)) / (w + n))
         return r / self.margin
 
+    def _benefit(self, a: _Arms, requests: int) -> float:
+        """The factor speculation's judged ratio is raised by while its measurement is uncertain:
+        exp(optimism x its standard error in log space), the spread of its batches' paired log
+        ratios (SPREAD counting as one of them) over the root of the batches and the prior's
+        weight behind it."""
+        logs = [math.log(x) for x in a.paired[True] if x is not None and x > 0]
+        if not self.optimism or not logs:
+            return 1.0
+        mean = sum(logs) / len(logs)
+        spread = self.SPREAD**2 / math.sqrt(max(1, requests))
+        var = (spread + sum((x - mean) ** 2 for x in logs)) / len(logs)
+        # All the speculative batches run count (as in the pooling): the bonus fades as they add
+        # up, where the window's spread alone would keep it for good.
+        weight = a.runs[True] + (self.prior_batches if a.predicted else 0)
+        return math.exp(self.optimism * math.sqrt(var / weight))
+
     def ratio(self, key, predicted_gain: float | None) -> float | None:
         """Speculation's tokens/s over plain decoding's: measured where there is a measurement
         of both (the plain arm possibly as estimates on speculative batches), else predicted."""
         measured = self._measured_ratio(self._arms(key))
         return predicted_gain if measured is None else measured
 
-    def choose(self, key, predicted_gain: float | None) -> bool:
+    def choose(self, key, predicted_gain: float | None, requests: int = 1) -> bool:
         """Speculate (True) or decode plainly (False) for the next batch of `key`, given the
         prior's predicted gain (speculation's tokens/s over plain decoding's; None: there is no
         prior, speculation runs first and the measurements alone decide)."""
@@ -163,7 +204,7 @@ class BatchVerdict:
         if r is None:  # nothing to go on yet: speculate, which measures both arms' rates
             self.last[key] = (True, False, True)
             return True
-        best = r >= 1.0
+        best = r * self._benefit(a, requests) >= 1.0 if measured_ratio is not None else r >= 1.0
         other = not best
         lost = a.lost[other]
         if lost is None:
