@@ -49,7 +49,7 @@ counterfactual estimates measure it on every speculative batch. One batch at con
 one request, and requests' gains spread by 15%: on the H200 projection at T = 0 a first request
 measuring 0.82x, against a gain of 1.21x, kept the worst of 50 orders plain at 0.83x the best
 fixed K; with the benefit of the doubt speculation runs on and the worst order reads 0.99x
-(concurrency 2: 0.88x -> 0.99x). The bonus fades as batches add up (by the count run, not the
+(concurrency 2: 0.90x -> 0.995x). The bonus fades as batches add up (by the count run, not the
 window, which would keep it for good): a loss of 15% is run three batches before the
 measurements outweigh it, and in the long run the margin below decides ties again.
 
