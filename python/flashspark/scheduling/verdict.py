@@ -166,10 +166,15 @@ class BatchVerdict:
         must clear."""
         if r is None:
             return None
-        if a.predicted is not None and a.predicted > 0 and self.prior_batches > 0:
-            n, w = a.runs[True], self.prior_batches  # the prior fades as speculation keeps running
+        w = self._prior_weight(a)
+        if w > 0:
+            n = a.runs[True]  # the prior fades as speculation keeps running
             r = math.exp((w * math.log(a.predicted) + n * math.log(r)) / (w + n))
         return r / self.margin
+
+    def _prior_weight(self, a: _Arms) -> float:
+        """How many speculative batches the prior's prediction counts as (0 without one)."""
+        return self.prior_batches if a.predicted is not None and a.predicted > 0 else 0
 
     def _benefit(self, a: _Arms, requests: int) -> float:
         """The factor speculation's judged ratio is raised by while its measurement is uncertain:
@@ -180,11 +185,11 @@ class BatchVerdict:
         if not self.optimism or not logs:
             return 1.0
         mean = sum(logs) / len(logs)
-        spread = self.SPREAD**2 / math.sqrt(max(1, requests))
-        var = (spread + sum((x - mean) ** 2 for x in logs)) / len(logs)
+        floor = self.SPREAD**2 / math.sqrt(max(1, requests))  # SPREAD / batch^(1/4), squared
+        var = (floor + sum((x - mean) ** 2 for x in logs)) / len(logs)
         # All the speculative batches run count (as in the pooling): the bonus fades as they add
         # up, where the window's spread alone would keep it for good.
-        weight = a.runs[True] + (self.prior_batches if a.predicted else 0)
+        weight = a.runs[True] + self._prior_weight(a)
         return math.exp(self.optimism * math.sqrt(var / weight))
 
     def ratio(self, key, predicted_gain: float | None) -> float | None:
