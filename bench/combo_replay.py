@@ -156,8 +156,7 @@ def scheduler_policy(
             return None
         spec, plain = sps(batch_size)
         judge = ConfidenceScheduler(K, spec, plain_sps=plain, min_rows=MIN_PRIOR_ROWS, prior=s, padded=padded)
-        gain = judge.predicted_gain(conditional(s.mean_survival()), batch_size, new_tokens=new_tokens)
-        return gain / judge.min_gain
+        return judge.predicted_gain(conditional(s.mean_survival()), batch_size, new_tokens=new_tokens)
 
     if source == "proxy":
 

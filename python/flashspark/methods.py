@@ -414,12 +414,13 @@ class Decoder:
         key = (B, temperature)
         if confident and not record:
             # Speculate or decode the batch plainly: a bandit over both's measured tokens/s
-            # (scheduling/verdict.py), the prior's predicted gain (over the margin speculation
-            # must promise) until there are measurements.
+            # (scheduling/verdict.py), the prior's predicted gain until there are measurements
+            # (the verdict's own margin decides ties; `min_gain` is the margin of the scheduler's
+            # step-by-step gate, which no measurement corrects).
             predicted = None  # no prior: speculation runs first, its measurements decide
             if prior is not None and prior.rows >= scheduler.min_rows:
                 survival = conditional(prior.mean_survival())
-                predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens) / scheduler.min_gain
+                predicted = scheduler.predicted_gain(survival, B, new_tokens=max_new_tokens)
             if not self.verdict.choose(key, predicted, requests=B):
                 out, stats = _plain_decode(self.target, prompts, max_new_tokens, temperature, seed, eos_id)
                 self.verdict.record(key, False, stats["tokens_per_s"], self.plain_estimate(B, out, stats))

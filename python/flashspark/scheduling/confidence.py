@@ -163,7 +163,7 @@ def expected_max_normal(n: int) -> float:
     return float(np.sum(x * density) * (x[1] - x[0]))
 
 
-def batch_tail(survival: torch.Tensor, batch_size: int, new_tokens: int) -> float:
+def batch_tail(survival: torch.Tensor, batch_size: int, new_tokens: int, spread: float = 0.0) -> float:
     """How much longer than its mean request a batch of speculative requests runs, as a factor
     on its steps.
 
@@ -171,18 +171,22 @@ def batch_tail(survival: torch.Tensor, batch_size: int, new_tokens: int) -> floa
     plain step emits one token per request, so `new_tokens` tokens take exactly that many steps
     for every request; a speculative step emits X = 1 + accepted tokens, random (P(X > j) = the
     prefix survival a_j of the verified drafts), so the steps to emit n tokens are a renewal
-    count: mean n / μ, variance n σ² / μ³. The slowest of B requests takes about
-    n / μ + E[max of B normals] · sqrt(n σ² / μ³) steps: a factor 1 + e_B σ / sqrt(n μ) over
-    the mean that τ alone predicts (1 at batch 1; at T = 1 with μ ≈ 1.4, 96 tokens and 32
-    requests about 1.12). Requests of unequal length only shorten the wait (the longest
-    dominates), so the factor errs toward plain decoding."""
+    count: mean n / μ, variance n σ² / μ³, a relative spread σ / sqrt(n μ). Requests also differ
+    in how well they are drafted: `spread` is the relative spread of their steps per token
+    (`ConfidenceStats.request_spread`, measured: 0.12-0.21 at T = 0 on our traces, 0.05-0.08 at
+    T = 1, where the renewal term is 0.06-0.09). The slowest of B requests takes about the mean
+    times 1 + E[max of B normals] · sqrt(spread² + σ² / (n μ)) (1 at batch 1; at T = 0 on
+    SmolLM2's DFlash 2 trace, spread 0.13, 96 tokens: 1.08 at 2 requests, 1.15 at 4, 1.21 at
+    8). Without the spread between requests the factor came to about half of what the replay
+    measures (bench/combo_replay.py). Requests of unequal length only shorten the wait (the
+    longest dominates), so the factor errs toward plain decoding."""
     a = survival.double().flatten()
     mu = 1.0 + float(a.sum())
     j = torch.arange(1, a.numel() + 1, dtype=torch.float64)
     var = max(0.0, float(((2 * j - 1) * a).sum()) - (mu - 1.0) ** 2)
-    if batch_size <= 1 or new_tokens <= 0 or var == 0.0:
+    if batch_size <= 1 or new_tokens <= 0:
         return 1.0
-    return 1.0 + expected_max_normal(batch_size) * math.sqrt(var) / math.sqrt(new_tokens * mu)
+    return 1.0 + expected_max_normal(batch_size) * math.sqrt(spread**2 + var / (new_tokens * mu))
 
 
 class ConfidenceStats:
@@ -195,17 +199,27 @@ class ConfidenceStats:
       whether the prefix was in fact accepted. Their ratio ρ_k recalibrates the source online:
       a head calibrated on other text or at another temperature (DSpark's, fitted teacher-forced
       on code at T = 0, is overconfident at T = 1) is pulled toward what verification shows.
+    * `requests`: how the requests of finished batches differed in their speculative steps per
+      token (count, Σx, Σx², Σ of each x's sampling variance), and `open` the rows of the batch
+      under way (steps, Σ tokens, Σ tokens²): `request_spread`, which `batch_tail` reads.
 
     Sums (not means) so that a prior from earlier batches or a shipped calibration run adds
     to this batch's rows; `scaled` weighs a prior down to a number of rows.
     """
 
     RATIO_STRENGTH = 4.0  # pseudo-observations of ρ = 1 per position: a few outcomes cannot swing it
+    # The relative spread of requests' steps per token before requests measure it, weighing as
+    # REQUEST_STRENGTH requests: between the 0.05-0.08 our traces measure at T = 1 and the
+    # 0.12-0.21 at T = 0 (bench/results/traces; the README's combination section).
+    REQUEST_SPREAD = 0.1
+    REQUEST_STRENGTH = 4.0
 
     def __init__(self, width: int):
         z = lambda: torch.zeros(width, dtype=torch.float64)  # noqa: E731
         self.survival, self.predicted, self.observed = z(), z(), z()
         self.rows = 0
+        self.requests = torch.zeros(4, dtype=torch.float64)  # count, Σx, Σx², Σ var(x); x: steps per token
+        self.open = torch.zeros(0, 3, dtype=torch.float64)  # per row of this batch: steps, Σ tokens, Σ tokens²
 
     @property
     def width(self) -> int:
@@ -232,6 +246,44 @@ class ConfidenceStats:
         self.predicted += (survival.detach().double().cpu() * seen).sum(0)
         self.observed += ok.sum(0).double()
 
+    def add_request_steps(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
+        """Tokens [B] each row of the batch under way committed in a speculative step (accepted
+        drafts plus one); rows not `active` [B] are skipped."""
+        a = active.detach().cpu().double()
+        t = tokens.detach().cpu().double() * a
+        if self.open.shape[0] != t.numel():
+            self.close_requests()  # another batch: the rows under way are finished requests
+            self.open = torch.zeros(t.numel(), 3, dtype=torch.float64)
+        self.open += torch.stack((a, t, t * t), 1)
+
+    @staticmethod
+    def _request_moments(rows: torch.Tensor) -> torch.Tensor:
+        """(count, Σx, Σx², Σ var(x)) of rows (steps, Σ tokens, Σ tokens²) with 2 steps or more:
+        x = steps per token, var(x) its sampling variance (delta method: var(tokens) / (n m⁴))."""
+        n, st, stt = rows[rows[:, 0] >= 2].unbind(1)
+        m = st / n
+        var = ((stt - n * m * m) / (n - 1)).clamp(min=0.0)
+        x = 1.0 / m
+        return torch.stack((n.new_tensor(float(n.numel())), x.sum(), (x * x).sum(), (var / (n * m**4)).sum()))
+
+    def close_requests(self) -> None:
+        """The batch under way is over: its rows join the finished requests."""
+        if self.open.numel():
+            self.requests = self.requests + self._request_moments(self.open)
+        self.open = torch.zeros(0, 3, dtype=torch.float64)
+
+    def request_spread(self) -> float:
+        """The relative spread of requests' steps per token between requests (their sampling
+        noise taken out), over the finished requests and this batch's rows, shrunk toward
+        REQUEST_SPREAD."""
+        r, sx, sxx, sv = (self.requests + self._request_moments(self.open)).tolist()
+        s, prior = self.REQUEST_STRENGTH, self.REQUEST_SPREAD**2
+        if r < 2:
+            return self.REQUEST_SPREAD
+        mean = sx / r
+        between = max(0.0, (sxx - r * mean * mean) / (r - 1) - sv / r) / (mean * mean)
+        return math.sqrt(((r - 1) * between + s * prior) / (r - 1 + s))
+
     def ratio(self) -> torch.Tensor:
         """ρ [K'] = observed / predicted survival of the verified slots, shrunk toward 1."""
         s = self.RATIO_STRENGTH
@@ -250,24 +302,30 @@ class ConfidenceStats:
         """A copy weighing as much as `rows` rows (as a prior): the same means and, up to its
         shrinkage toward 1, the same ρ."""
         out = self.copy()
+        out.close_requests()
         if self.rows:
             f = rows / self.rows
             out.survival, out.predicted, out.observed = self.survival * f, self.predicted * f, self.observed * f
+            out.requests = out.requests * f  # the same spread, from as many requests in proportion
             out.rows = rows
         return out
 
     def copy(self) -> "ConfidenceStats":
         out = ConfidenceStats(self.width)
         out.survival, out.predicted, out.observed = self.survival.clone(), self.predicted.clone(), self.observed.clone()
+        out.requests, out.open = self.requests.clone(), self.open.clone()
         out.rows = self.rows
         return out
 
     def to_dict(self) -> dict:
+        closed = self.copy()
+        closed.close_requests()
         return {
             "rows": self.rows,
             "survival": self.survival.tolist(),
             "predicted": self.predicted.tolist(),
             "observed": self.observed.tolist(),
+            "requests": closed.requests.tolist(),
         }
 
     @classmethod
@@ -277,6 +335,8 @@ class ConfidenceStats:
         out.survival, out.predicted, out.observed = (
             torch.tensor(d[k], dtype=torch.float64) for k in ("survival", "predicted", "observed")
         )
+        if "requests" in d:  # (priors fitted before requests were measured have none)
+            out.requests = torch.tensor(d["requests"], dtype=torch.float64)
         return out
 
 
@@ -329,7 +389,8 @@ class ConfidenceScheduler(Scheduler):
     always drafts. Speculation must promise `min_gain` times the plain rate (default 1.1):
     the tables and the clock carry about that much noise on a shared machine, and a wrong
     "draft" cost up to 17% (4 requests, 64 new tokens) where a wrong "plain" forgoes a gain
-    that small.
+    that small. (A `Decoder`'s batch verdict, which measures both arms and has its own margin,
+    takes `predicted_gain` without it.)
 
     With `time_steps`, the price of a step is checked against the clock too: the wall time from one
     `wants_draft` call to the next (one loop iteration) over the 1 / SPS(T) the table
@@ -376,6 +437,9 @@ class ConfidenceScheduler(Scheduler):
         self.min_rows = min_rows
         # Everything learnt so far: the prior plus this scheduler's rows and outcomes.
         self.stats = None if prior is None else prior.copy()
+        if self.stats is not None:
+            self.stats.close_requests()  # the prior's batch is over: its rows are finished requests
+        self._active: torch.Tensor | None = None  # the active rows of the step being verified
         self._history: deque[torch.Tensor] = deque(maxlen=self.age + 1)
         self._last: torch.Tensor | None = None  # survival of the step being verified (for observe)
         self._decision: tuple | None = None  # (active count, draft?) of the last verdict
@@ -459,6 +523,8 @@ class ConfidenceScheduler(Scheduler):
             tree = getattr(block, "tree", None)  # (callers replaying outcomes may pass no block)
             accepted = None if tree is None else tree.accepted
             self.stats.add_outcomes(self._last, num_accepted, num_verified, accepted)
+            if self._active is not None:
+                self.stats.add_request_steps(num_accepted + 1, self._active)
         observe = getattr(self.confidence_fn, "observe", None)
         if observe is not None:
             observe(block, num_accepted, num_verified)
@@ -497,7 +563,8 @@ class ConfidenceScheduler(Scheduler):
         gain = theta / self.step_cost_ratio() / (batch_size * float(self.plain_sps.rate(rows)))
         if new_tokens is not None:
             survival = prefix_survival(confidence.double()[None, : int(k[0])])[0]
-            gain /= batch_tail(survival, batch_size, new_tokens)
+            spread = self.stats.request_spread() if self.stats is not None else ConfidenceStats.REQUEST_SPREAD
+            gain /= batch_tail(survival, batch_size, new_tokens, spread)
         return gain
 
     def schedule(self, confidence: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -522,7 +589,7 @@ class ConfidenceScheduler(Scheduler):
                 conditional(self.stats.correct(survival)), active, self.sps, K, admit=budget, padded=padded
             )
         self.stats.add_rows(survival[active.cpu()])  # after the decision: it learns from this block
-        self._last = survival
+        self._last, self._active = survival, active.cpu()
         if self._step_start is not None:  # the loop times its iterations through wants_draft
             T = active.numel() * (int(k_b.max()) + 1) if self.padded else int(active.sum()) + int(k_b.sum())
             self._step_predicted = 1.0 / float(self.sps.rate(T))

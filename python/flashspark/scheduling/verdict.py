@@ -39,7 +39,10 @@ lost: it runs again after one batch, when its second measurement carries more we
 per-batch ratios spread by 10% and more, so arms within 2% of each other swap on noise, and
 in the replay (bench/combo_replay.py, H200 projection, concurrency 8-16) the swaps cost up
 to 3% of plain decoding's rate in the worst of 6 orders; plain decoding needs no drafter.
-(The prior's prediction carries its own margin, the scheduler's `min_gain`.)
+(The prior's prediction is taken as it is: since `confidence.batch_tail` counts how requests
+differ, it is within 1-2% of the replay at every concurrency on the H200 projection, T = 0,
+where net of the scheduler's `min_gain` it sent concurrency 4, where speculation gains 4%,
+plain.)
 
 **The benefit of the doubt.** Speculation is favoured while its judged ratio, raised by
 OPTIMISM (2) standard errors of its log, clears even: the spread of its batches' paired log
@@ -51,20 +54,31 @@ measuring 0.82x, against a gain of 1.21x, kept the worst of 50 orders plain at 0
 fixed K; with the benefit of the doubt speculation runs on and the worst order reads 0.99x
 (concurrency 2: 0.90x -> 0.995x). The bonus fades as batches add up (by the count run, not the
 window, which would keep it for good): a loss of 15% is run three batches before the
-measurements outweigh it, and in the long run the margin below decides ties again.
+measurements outweigh it, and in the long run the margin below decides ties again. It goes
+only where the prior's prediction, before any measurement, chose speculation: the doubt is
+whether a few unlucky batches should overturn a predicted gain. Where the prior chose plain
+decoding a probe of speculation wins on its measurements alone (pooled with the prior, over
+the margin): at concurrency 8 on the H200 projection the prior predicts 0.987x, speculation
+gains nothing, and probes given the doubt ran on (0.973x plain in the worst of 50 orders;
+0.976x without). (Decided by the prior's first choice, not its latest: the prior learns from
+the same unlucky verify outcomes, and following it took the doubt away at concurrency 1.)
 
 **Probes.** The other arm is still probed, after 2^lost batches. For an arm never measured,
 `lost` starts at 2 + round(PREDICTED_SLOPE |log2 ratio|) on the prior's prediction alone, at
-most PREDICTED_MAX (a prediction of a loss is probed late: 0.96x at batch 8, 0.92x at 16, 0.89x
-at 32, 0.87x and below at 64; even a prediction at even waits 4 batches), and at
+most PREDICTED_MAX (a prediction of a loss is probed late: 0.98x at batch 8, 0.96x at 16, 0.94x
+at 32, 0.93x and below at 64; a prediction within 1% of even waits 4 batches), and at
 2 + round(MEASURED_SLOPE |log2 ratio|) on a measured ratio, ESTIMATE_DOUBLINGS more when it
 rests on counterfactual estimates (they only miss by the plain step's error). A probe costs up
 to (1 - ratio) of a batch: one of speculation 19% behind in 16 batches costs 1.2% of plain
 decoding's rate (the replay at concurrency 32 on the H200 projection), so a prior that is right
 about a loss should not be checked early. Where it predicts a loss it is, if anything,
-optimistic: on the H200 projection at concurrency 8 and 16 it predicts 0.92-0.99x (over
-`min_gain`) where speculation's probes measure 0.81-0.82x, so a probe there costs more than the
-prediction says (hence the steeper slope for the prediction alone). `lost` grows by the
+optimistic: on the H200 projection at concurrency 8 and 16 it predicted 0.92-0.99x (over
+`min_gain`, before the batch tail counted how requests differ) where speculation's probes
+measured 0.81-0.82x, so a probe there costs more than the prediction says (hence the steeper
+slope for the prediction alone). Since the tail counts how requests differ and the prediction
+is taken without `min_gain` it is within 1-2% of the replay, and the slope doubled (17 -> 34)
+to trust it as long as before: at 17, a prediction of 0.93x at T = 1, concurrency 1 (the H200
+projection) was probed at batch 16 and the worst of 50 orders read 0.989x plain. `lost` grows by the
 measured doublings after each probe the arm loses: a probe never comes sooner than the one
 before it did (a first probe that confirms the prediction waits the prediction's doublings plus
 its own). An arm whose first batch, run as the favoured arm, already measures behind the other
@@ -72,8 +86,9 @@ its own). An arm whose first batch, run as the favoured arm, already measures be
 ever more rarely (the probes cost O(log n) of n batches), one that wins a probe takes over, and
 a changed load or machine is noticed at the next probe. The slopes were tuned in the replay
 (bench/combo_replay.py, SmolLM2's traces, both cost models, 12 orders per cell, then checked
-over 50); the price: a prior wrong by 20% against speculation costs 64 batches before its probe
-(PREDICTED_MAX).
+over 50); the price: a prior that wrongly predicts a loss of 7% or more costs 64 batches before
+its probe (PREDICTED_MAX; as before the doubling, when the prediction net of `min_gain` had to be
+20% wrong).
 """
 
 from __future__ import annotations
@@ -85,7 +100,7 @@ from collections import deque
 # predicted by the prior alone (which waits longer: a probe costs a batch's loss, and where the
 # prior predicts one the loss measures larger; one batch's measurement spreads by 15% and more).
 MEASURED_SLOPE = 5
-PREDICTED_SLOPE = 17
+PREDICTED_SLOPE = 34
 PREDICTED_MAX = 6  # however sure the prior, the other arm is measured within 2^6 batches
 
 
@@ -105,6 +120,7 @@ class _Arms:
         self.runs = {True: 0, False: 0}  # batches the arm ran, all told
         self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
         self.first_lost = {}  # an arm not yet measured: the doublings its first probe waited
+        self.first_choice = None  # the arm the prior's prediction chose before any measurement (None: no prior)
 
     def mean(self, arm: bool) -> float | None:
         r = self.rates[arm]
@@ -182,8 +198,8 @@ class BatchVerdict:
         ratios (SPREAD counting as one of them) over the root of the batches and the prior's
         weight behind it."""
         logs = [math.log(x) for x in a.paired[True] if x is not None and x > 0]
-        if not self.optimism or not logs:
-            return 1.0
+        if not self.optimism or not logs or a.first_choice is False:
+            return 1.0  # (the prior chose plain decoding: a probe of speculation wins on its measurements)
         mean = sum(logs) / len(logs)
         floor = self.SPREAD**2 / math.sqrt(max(1, requests))  # SPREAD / batch^(1/4), squared
         var = (floor + sum((x - mean) ** 2 for x in logs)) / len(logs)
@@ -209,6 +225,8 @@ class BatchVerdict:
         if r is None:  # nothing to go on yet: speculate, which measures both arms' rates
             self.last[key] = (True, False, True)
             return True
+        if measured_ratio is None and a.first_choice is None:
+            a.first_choice = r >= 1.0
         best = r * self._benefit(a, requests) >= 1.0 if measured_ratio is not None else r >= 1.0
         other = not best
         lost = a.lost[other]
