@@ -65,39 +65,59 @@ def step_rests(
     own code at `context` committed tokens: a speculative step of each of `drafters` (name ->
     drafter; drafting and verifying every draft) minus the modelled drafter pass and verify
     forward, and a plain decoding step minus the modelled one-token forward; per temperature
-    (sampling costs a step more) and batch size, each the median of `repeats` short runs. A rest
+    (sampling costs a step more) and batch size, from `repeats` short runs of each. A rest
     is negative where the fit overprices the step's forwards (a one-token forward on this CPU,
     cheaper than the fit's shape puts it): added to the modelled forwards it gives the measured
-    step back."""
-    rest = {"context": context, "repeats": repeats, "speculative": {}, "plain": {}}
+    step back.
+
+    The kinds of one batch size are timed one after the other, `repeats` times over in rotated
+    orders, and a speculative step is priced as the median of its ratios to the plain step
+    timed in the same pass, times the plain step's median: what the replay compares is a
+    speculative step's price against a plain one's, and a shared machine's speed drifts by tens
+    of percent within a minute, so the two must come from the same minutes (timed in blocks,
+    one kind after another, their ratio would read the drift between the blocks; medians of
+    each kind alone, a slow spell that hit one kind's runs but not the other's). `repeats`
+    runs of each kind per temperature and batch size; `runs_s` keeps every run (kind ->
+    temperature -> batch -> seconds, in the order timed)."""
+    rest = {"context": context, "repeats": repeats, "interleaved": True, "paired": True, "speculative": {}, "plain": {}, "runs_s": {}}
     checks = []
+    kinds = ["plain", *drafters]
     for t in temperatures:
         key = f"{t:g}"
+        runs = {(kind, b): [] for kind in kinds for b in batches}
+        for i in range(repeats):
+            for b in batches:
+                for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
+                    if kind == "plain":
+                        step = measured_plain_step_seconds(target, b, context, temperature=t)
+                    else:
+                        step = measured_step_seconds(target, drafters[kind], b, context_len=context, temperature=t)
+                    runs[(kind, b)].append(step)
+                    rest["runs_s"].setdefault(kind, {}).setdefault(key, {}).setdefault(str(b), []).append(step)
+                    print(f"T {t:g} run {i + 1}/{repeats} batch {b}: {kind} step {1e3 * step:.2f} ms", flush=True)
         rest["plain"][key] = []
         for b in batches:
-            step = statistics.median(
-                measured_plain_step_seconds(target, b, context, temperature=t) for _ in range(repeats)
-            )
+            step = statistics.median(runs[("plain", b)])
             model = float(costs.forward_time(shape, hw, b, 1, context))
             rest["plain"][key].append([b, step - model])
-            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})
-            print(f"T {t:g} batch {b}: plain step {1e3 * step:.2f} ms, model forward {1e3 * model:.2f}", flush=True)
+            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model,
+                           "runs_s": runs[("plain", b)]})  # fmt: skip
         for d, drafter in drafters.items():
             shape_d = costs.drafter_forward(
                 drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem
             )
             rest["speculative"].setdefault(d, {})[key] = []
             for b in batches:
-                step = statistics.median(
-                    measured_step_seconds(target, drafter, b, context_len=context, temperature=t)
-                    for _ in range(repeats)
-                )
+                # Paired: the median of its runs' ratios to the plain step timed beside each,
+                # times the plain step (a slow spell that lands on one run moves neither).
+                plain = statistics.median(runs[("plain", b)])
+                step = plain * statistics.median(s / q for s, q in zip(runs[(d, b)], runs[("plain", b)]))
                 draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, context))
                 verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, context))
                 rest["speculative"][d][key].append([b, step - draft - verify])
-                checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step,
-                               "draft_model_s": draft, "verify_model_s": verify})  # fmt: skip
-                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms, model draft {1e3 * draft:.2f} "
+                checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step, "draft_model_s": draft,
+                               "verify_model_s": verify, "runs_s": runs[(d, b)]})  # fmt: skip
+                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms (median), model draft {1e3 * draft:.2f} "
                       f"+ verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
     return rest, checks
 

@@ -10,8 +10,9 @@ speedups over plain decoding.
 This machine's speed drifts by tens of percent within minutes (a shared host: the same
 `e2e_bench` row's repeats spread 10-60%), so prices measured in one spell and speedups in
 another disagree whatever the model. `--measure` therefore measures in rounds: the rest of
-every kind of loop step (cost_fit's `step_rests`: the level the fitted forward model misses)
-and then one repeat of every method under `e2e_bench`, one after the other in one process; the
+every kind of loop step (cost_fit's `step_rests`: the level the fitted forward model misses;
+the kinds timed in turn, several times over, as a speculative step's price is read against a
+plain one's) and then one repeat of every method under `e2e_bench`, one after the other in one process; the
 replay prices each round's repeats with that round's rests. The forward model itself (the fitted
 `Hardware`, which shapes a step's cost over verify widths, contexts and batch sizes) comes from
 the cost file, as in every replay.
@@ -203,11 +204,36 @@ def measured_bars(rows: list[dict]) -> list[dict]:
     return out
 
 
+def identical_work(groups: list[list[tuple[dict, dict]]]) -> dict | None:
+    """The measurement's own noise: every round's cells where the combination decoded every
+    batch plainly ran the plain row's own work (the same `generate` calls on the same prompts),
+    so their paired ratio would read 1 on a quiet machine. Returns the ratios (plain decoding's
+    seconds over the combination's, per round) and the spread of their logs, or None where no
+    cell was decoded plainly."""
+    ratios = []
+    for rounds in groups:
+        for e2e, _ in rounds:
+            rows = {(r["method"], r["concurrency"]): r for r in e2e["results"]}
+            for c in sorted({r["concurrency"] for r in e2e["results"]}):
+                combo, plain = rows.get((COMBO_METHOD, c)), rows.get(("ar", c))
+                batches = -(-e2e["prompts"] // c)
+                if combo is None or plain is None or combo.get("plain_batches") != batches:
+                    continue
+                ratios.append({"temperature": float(e2e["temperature"]), "concurrency": c,
+                               "ratio": plain["seconds"] / combo["seconds"]})  # fmt: skip
+    if not ratios:
+        return None
+    logs = np.log([r["ratio"] for r in ratios])
+    return {"cells": ratios, "min": float(np.exp(logs.min())), "max": float(np.exp(logs.max())),
+            "log_sd": float(logs.std(ddof=1)) if len(logs) > 1 else 0.0}  # fmt: skip
+
+
 def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]:
     """`--measure`: per temperature, `--rounds` rounds, each the loop-step rests (cost_fit's
-    `step_rests`, one run each) then one `e2e_bench` repeat of every method, right after one
-    another in one process, so that the prices and the speedups they are checked against come
-    from the same minutes of a machine whose speed drifts (module docstring)."""
+    `step_rests`: the median of `--rest-repeats` interleaved runs of every kind) then one
+    `e2e_bench` repeat of every method, right after one another in one process, so that the
+    prices and the speedups they are checked against come from the same minutes of a machine
+    whose speed drifts (module docstring)."""
     import cost_fit
     import e2e_bench
 
@@ -239,7 +265,7 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
         for t, (run_args, prompts) in runs.items():
             print(f"round {r + 1}/{args.rounds}, T = {t:g}", flush=True)
             rest, _ = cost_fit.step_rests(
-                target, shape, hardware, elem, drafters, [t], args.concurrency, context, repeats=1
+                target, shape, hardware, elem, drafters, [t], args.concurrency, context, repeats=args.rest_repeats
             )
             out[t].append((e2e_bench.run(run_args, bench_target, methods, prompts), rest))
     return out
@@ -274,6 +300,12 @@ def main(argv=None) -> int:
     g.add_argument("--step-context", type=int, default=None, help="default: the median of the traces' contexts")
     g.add_argument("--dtype", default=None, help="the target's dtype (as e2e_bench; --target other than tiny)")
     g.add_argument("--threads", type=int, default=2)
+    g.add_argument(
+        "--rest-repeats",
+        type=int,
+        default=3,
+        help="runs of every kind of loop step per round, interleaved (the rest is their median)",
+    )
     p.add_argument(
         "--rounds-from",
         default=None,
@@ -321,6 +353,10 @@ def main(argv=None) -> int:
             print(f"{b['task']:>6} {b['temperature']:>3g} c={b['concurrency']:<3} {b['over_best_fixed']:.3f} "
                   f"({b['best_fixed']} {b['best_fixed_speedup']:.2f}x) {b['over_plain']:.3f}"
                   f"{'' if b['met'] else '  NOT MET'}")  # fmt: skip
+    noise = identical_work(groups)
+    if noise:
+        print(f"identical work (the combination's all-plain cells against the plain row, {len(noise['cells'])} "
+              f"round cells): {noise['min']:.2f}-{noise['max']:.2f}x, log SD {100 * noise['log_sd']:.1f}%")  # fmt: skip
     result = {
         **timing.result_header("replay_check", "replay_check.py", argv, "cpu"),
         "label": "REPLAY against measured",
@@ -333,6 +369,7 @@ def main(argv=None) -> int:
         "worst_relative_error": worst,
         "rows": rows,
         "measured_bars": bars,
+        "identical_work": noise,
     }
     if args.e2e:
         result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}

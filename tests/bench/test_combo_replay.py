@@ -191,3 +191,69 @@ def test_measured_bars_against_the_best_fixed_k():
     assert b["best_fixed"] == "dflash:k=3" and b["over_best_fixed"] == pytest.approx(1.25 / 1.30) and b["met"]
     rows[-1]["measured_paired"] = 1.2  # 0.923 of the best fixed K
     assert not replay_check.measured_bars(rows)[0]["met"]
+
+
+def test_step_rests_interleave_kinds_and_take_medians(monkeypatch):
+    """Every kind of step at a batch size is timed in turn, in an order rotated by the run (a
+    speculative step's price is read against a plain one's from the same minutes), the plain
+    step priced as the median of its runs and a speculative one as the median of its ratios to
+    the plain run of the same pass."""
+    calls, times = [], iter([5, 1, 2, 3, 9, 4, 6, 7, 8] * 2)
+
+    def timed(kind):
+        def measure(target, *args, **kw):
+            b = args[1] if kind != "plain" else args[0]
+            calls.append((kind, b))
+            return float(next(times))
+
+        return measure
+
+    monkeypatch.setattr(cost_fit, "measured_plain_step_seconds", timed("plain"))
+    monkeypatch.setattr(
+        cost_fit, "measured_step_seconds", lambda target, drafter, b, **kw: timed(drafter.name)(target, drafter, b)
+    )
+    monkeypatch.setattr(cost_fit.costs, "forward_time", lambda *a: 0.0)
+    monkeypatch.setattr(cost_fit.costs, "drafter_forward", lambda *a: None)
+
+    class Drafter:
+        block_size, num_drafts = 4, 3
+
+        def __init__(self, name):
+            self.name = name
+            self.config = type("C", (), {"layer_config": lambda self: None})()
+
+    drafters = {"a": Drafter("a"), "b": Drafter("b")}
+    rest, checks = cost_fit.step_rests(None, None, None, 4.0, drafters, [0.0], [1, 2], 16, repeats=3)
+    # run 1: plain, a, b at each batch; run 2 starts at a; run 3 at b
+    assert calls[:6] == [("plain", 1), ("a", 1), ("b", 1), ("plain", 2), ("a", 2), ("b", 2)]
+    assert calls[6:9] == [("a", 1), ("b", 1), ("plain", 1)]
+    assert calls[12:15] == [("b", 1), ("plain", 1), ("a", 1)]
+    runs = {}
+    for call, t in zip(calls, [5, 1, 2, 3, 9, 4, 6, 7, 8] * 2):
+        runs.setdefault(call, []).append(t)
+    assert rest["plain"]["0"] == [[b, float(np.median(runs[("plain", b)]))] for b in (1, 2)]
+    # a speculative step: its median ratio to the plain step of the same pass, times the plain
+    # step (the medians of each kind alone would price b at batch 1 at 3, not 2 x 5 / 3)
+    paired = [np.median(runs[("plain", b)]) * np.median(np.divide(runs[("b", b)], runs[("plain", b)])) for b in (1, 2)]
+    assert [b for b, _ in rest["speculative"]["b"]["0"]] == [1, 2]
+    assert [x for _, x in rest["speculative"]["b"]["0"]] == pytest.approx(paired)
+    assert rest["speculative"]["b"]["0"][0][1] != pytest.approx(np.median(runs[("b", 1)]))
+    assert rest["runs_s"]["plain"]["0"]["2"] == runs[("plain", 2)]
+    assert rest["interleaved"] and [c["runs_s"] for c in checks if c["kind"] == "a"][0] == runs[("a", 1)]
+
+
+def test_identical_work_reads_the_measurements_noise():
+    # The combination's cells decoded all plainly ran the plain row's own work: their ratios are
+    # the measurement's noise. A cell that drafted any batch is not counted.
+    def e2e(ar_s, combo_s, plain_batches):
+        rows = [{"method": "ar", "concurrency": 4, "seconds": ar_s}]
+        rows.append({"method": replay_check.COMBO_METHOD, "concurrency": 4, "seconds": combo_s,
+                     "plain_batches": plain_batches})  # fmt: skip
+        return {"temperature": 0.0, "prompts": 8, "results": rows}
+
+    rounds = [(e2e(10.0, 10.0, 2), {}), (e2e(11.0, 10.0, 2), {}), (e2e(10.0, 20.0, 1), {})]
+    noise = replay_check.identical_work([rounds])
+    assert [c["ratio"] for c in noise["cells"]] == pytest.approx([1.0, 1.1])
+    assert noise["min"] == pytest.approx(1.0) and noise["max"] == pytest.approx(1.1)
+    assert noise["log_sd"] == pytest.approx(np.log(1.1) / np.sqrt(2))
+    assert replay_check.identical_work([[(e2e(10.0, 20.0, 1), {})]]) is None
