@@ -79,7 +79,15 @@ def step_rests(
     each kind alone, a slow spell that hit one kind's runs but not the other's). `repeats`
     runs of each kind per temperature and batch size; `runs_s` keeps every run (kind ->
     temperature -> batch -> seconds, in the order timed)."""
-    rest = {"context": context, "repeats": repeats, "interleaved": True, "paired": True, "speculative": {}, "plain": {}, "runs_s": {}}
+    rest = {
+        "context": context,
+        "repeats": repeats,
+        "interleaved": True,
+        "paired": True,
+        "speculative": {},
+        "plain": {},
+        "runs_s": {},
+    }
     checks = []
     kinds = ["plain", *drafters]
     for t in temperatures:
