@@ -116,8 +116,8 @@ def step_rests(
             )
             rest["speculative"].setdefault(d, {})[key] = []
             for b in batches:
-                # Paired: the median of its runs' ratios to the plain step timed beside each,
-                # times the plain step (a slow spell that lands on one run moves neither).
+                # Paired: the median of its runs' ratios to the plain step of the same pass, times
+                # the plain step's median (a slow spell over one pass moves both of its runs).
                 plain = statistics.median(runs[("plain", b)])
                 step = plain * statistics.median(s / q for s, q in zip(runs[(d, b)], runs[("plain", b)]))
                 draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, context))
@@ -125,7 +125,7 @@ def step_rests(
                 rest["speculative"][d][key].append([b, step - draft - verify])
                 checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step, "draft_model_s": draft,
                                "verify_model_s": verify, "runs_s": runs[(d, b)]})  # fmt: skip
-                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms (median), model draft {1e3 * draft:.2f} "
+                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms (paired), model draft {1e3 * draft:.2f} "
                       f"+ verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
     return rest, checks
 

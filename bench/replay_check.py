@@ -12,8 +12,8 @@ This machine's speed drifts by tens of percent within minutes (a shared host: th
 another disagree whatever the model. `--measure` therefore measures in rounds: the rest of
 every kind of loop step (cost_fit's `step_rests`: the level the fitted forward model misses;
 the kinds timed in turn, several times over, as a speculative step's price is read against a
-plain one's) and then one repeat of every method under `e2e_bench`, one after the other in one process; the
-replay prices each round's repeats with that round's rests. The forward model itself (the fitted
+plain one's) and then one repeat of every method under `e2e_bench`, one after the other in one
+process; the replay prices each round's repeats with that round's rests. The forward model itself (the fitted
 `Hardware`, which shapes a step's cost over verify widths, contexts and batch sizes) comes from
 the cost file, as in every replay.
 
@@ -230,7 +230,7 @@ def identical_work(groups: list[list[tuple[dict, dict]]]) -> dict | None:
 
 def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]:
     """`--measure`: per temperature, `--rounds` rounds, each the loop-step rests (cost_fit's
-    `step_rests`: the median of `--rest-repeats` interleaved runs of every kind) then one
+    `step_rests`, from `--rest-repeats` interleaved runs of every kind) then one
     `e2e_bench` repeat of every method, right after one another in one process, so that the
     prices and the speedups they are checked against come from the same minutes of a machine
     whose speed drifts (module docstring)."""
@@ -304,7 +304,8 @@ def main(argv=None) -> int:
         "--rest-repeats",
         type=int,
         default=3,
-        help="runs of every kind of loop step per round, interleaved (the rest is their median)",
+        help="runs of every kind of loop step per round, interleaved (a plain step: their median; a "
+        "speculative one: paired with the plain runs, cost_fit.step_rests)",
     )
     p.add_argument(
         "--rounds-from",
