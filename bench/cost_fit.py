@@ -101,15 +101,15 @@ def step_rests(
                     else:
                         step = measured_step_seconds(target, drafters[kind], b, context_len=context, temperature=t)
                     runs[(kind, b)].append(step)
-                    rest["runs_s"].setdefault(kind, {}).setdefault(key, {}).setdefault(str(b), []).append(step)
                     print(f"T {t:g} run {i + 1}/{repeats} batch {b}: {kind} step {1e3 * step:.2f} ms", flush=True)
+        for (kind, b), seconds in runs.items():
+            rest["runs_s"].setdefault(kind, {}).setdefault(key, {})[str(b)] = seconds
         rest["plain"][key] = []
         for b in batches:
             step = statistics.median(runs[("plain", b)])
             model = float(costs.forward_time(shape, hw, b, 1, context))
             rest["plain"][key].append([b, step - model])
-            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model,
-                           "runs_s": runs[("plain", b)]})  # fmt: skip
+            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})
         for d, drafter in drafters.items():
             shape_d = costs.drafter_forward(
                 drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem
@@ -124,7 +124,7 @@ def step_rests(
                 verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, context))
                 rest["speculative"][d][key].append([b, step - draft - verify])
                 checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step, "draft_model_s": draft,
-                               "verify_model_s": verify, "runs_s": runs[(d, b)]})  # fmt: skip
+                               "verify_model_s": verify})  # fmt: skip
                 print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms (paired), model draft {1e3 * draft:.2f} "
                       f"+ verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
     return rest, checks

@@ -239,7 +239,8 @@ def test_step_rests_interleave_kinds_and_take_medians(monkeypatch):
     assert [x for _, x in rest["speculative"]["b"]["0"]] == pytest.approx(paired)
     assert rest["speculative"]["b"]["0"][0][1] != pytest.approx(np.median(runs[("b", 1)]))
     assert rest["runs_s"]["plain"]["0"]["2"] == runs[("plain", 2)]
-    assert rest["interleaved"] and [c["runs_s"] for c in checks if c["kind"] == "a"][0] == runs[("a", 1)]
+    assert rest["runs_s"]["a"]["0"]["1"] == runs[("a", 1)] and rest["interleaved"]
+    assert [c["step_s"] for c in checks if c["kind"] == "plain"] == [np.median(runs[("plain", b)]) for b in (1, 2)]
 
 
 def test_identical_work_reads_the_measurements_noise():

@@ -231,3 +231,51 @@ def test_the_benefit_of_the_doubt_goes_only_where_the_prior_chose_speculation(pr
         assert arms[:3] == [True] * 3
     else:
         assert arms.index(True) == 8 and not any(arms[9:])
+
+
+def test_the_prior_counts_as_it_stood_before_the_first_batch():
+    """Predicted 1.04x at batch 4; the first speculative batch draws 0.82x, every later one
+    1.04x. The prior learns from that batch's verify outcomes and next predicts 0.92x: pooled
+    with the measurement, that word would count the bad batch twice (plain for the next four
+    batches; on the H200 projection at concurrency 4, T = 0, it put the worst of a draw of 50
+    orders at 0.956x the best fixed K). Pooled with the prediction made before the batch, speculation
+    keeps the benefit of the doubt and runs on."""
+    v = BatchVerdict()
+    arms = []
+    for i in range(6):
+        arm = v.choose(4, 1.04 if i == 0 else 0.92, requests=4)
+        arms.append(arm)
+        v.record(4, arm, (8.2 if i == 0 else 10.4) if arm else 10.0, 10.0)
+    assert all(arms)
+
+
+def test_a_rerun_does_not_reset_the_probes_wait():
+    """Predicted 0.987x at batch 8: plain runs and speculation is first probed after 2^3
+    batches. The probe draws 1.04x, ahead on its own but not against the prior, so it runs again
+    after one batch (outvoted), and that rerun loses (0.82x). The next probe waits longer than
+    the first did (2^(3 + 2)); counted from the rerun's wait of none, it came four batches later
+    and drew another 0.82x (0.975x plain in the worst of a
+    draw of 50 orders on the H200 projection)."""
+    v = BatchVerdict()
+    spec = iter([10.4] + [8.2] * 10)
+    arms = []
+    for _ in range(60):
+        arm = v.choose(8, 0.987, requests=8)
+        arms.append(arm)
+        v.record(8, arm, next(spec) if arm else 10.0, 10.0)
+    assert [i for i, a in enumerate(arms) if a] == [8, 10, 43]
+
+
+def test_a_won_probe_that_falls_behind_waits_before_the_next():
+    """Predicted 0.987x at batch 8: speculation's probe draws 1.14x and takes over, then its
+    batches draw 1.01x and 0.82x and it falls behind. Its next probe comes after 2^2 batches,
+    not the next one (which drew the same 0.82x spread again, 0.980x plain in the worst of a draw
+    of 50 orders on the H200 projection), and having lost, after longer than the first probe waited."""
+    v = BatchVerdict()
+    spec = iter([11.4, 10.1, 8.2] + [9.0] * 10)
+    arms = []
+    for _ in range(60):
+        arm = v.choose(8, 0.987, requests=8)
+        arms.append(arm)
+        v.record(8, arm, next(spec) if arm else 10.0, 10.0)
+    assert [i for i, a in enumerate(arms) if a] == [8, 10, 11, 16, 49]

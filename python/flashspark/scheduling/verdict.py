@@ -30,10 +30,20 @@ measure 0.82x would, on its own, send a key plain for 16 batches. The measured r
 with the prior's prediction instead, in log space, the prediction weighing as PRIOR_BATCHES
 speculative batches against all the speculative batches run so far (the mean over the
 window, weighted by their count, so the prior fades): one bad batch against a prediction of
-a clear gain moves the verdict less than two or three do.
+a clear gain moves the verdict less than two or three do. The prediction pooled is the one the
+prior made before the key's first batch: the prior learns from the verify outcomes of the very
+batches the arms measure, so its later word would count them twice (on the H200 projection at
+concurrency 4, T = 0, one first batch at 0.82x moved the prediction from 1.04x to 0.93x, and the
+two together sent the key plain where speculation gains 4%: 0.956x the best fixed K in the
+worst of a draw of 50 orders; 0.983x pooled with the prediction as it stood). The price: where
+the prior is far off and one batch corrects it, one more speculative batch runs (the tiny
+target's traces priced as a Qwen3-8B at concurrency 64: predicted 1.19x, measured 0.73x).
 
 A probe whose batches measure ahead while the prior still outweighs them is not counted as
-lost: it runs again after one batch, when its second measurement carries more weight.
+lost: it runs again after one batch, when its second measurement carries more weight. If the
+rerun loses, the next probe waits longer than the first one did, not counted from the rerun's
+wait of none (which brought it four batches later, to draw a second 0.82x batch: 0.975x plain
+in the worst of a draw of 50 orders on the H200 projection at concurrency 8).
 
 **A tie goes to plain.** Speculation is favoured only when it measures MARGIN (2%) ahead:
 per-batch ratios spread by 10% and more, so arms within 2% of each other swap on noise, and
@@ -79,11 +89,13 @@ slope for the prediction alone). Since the tail counts how requests differ and t
 is taken without `min_gain` it is within 1-2% of the replay, and the slope doubled (17 -> 34)
 to trust it as long as before: at 17, a prediction of 0.93x at T = 1, concurrency 1 (the H200
 projection) was probed at batch 16 and the worst of 50 orders read 0.989x plain. `lost` grows by the
-measured doublings after each probe the arm loses: a probe never comes sooner than the one
+measured doublings after each probe the arm loses: a probe never comes sooner than any
 before it did (a first probe that confirms the prediction waits the prediction's doublings plus
 its own). An arm whose first batch, run as the favoured arm, already measures behind the other
 (pooled with the prior) waits as if it had lost a probe. An arm that keeps losing is probed
-ever more rarely (the probes cost O(log n) of n batches), one that wins a probe takes over, and
+ever more rarely (the probes cost O(log n) of n batches), one that wins a probe takes over (and
+should its batches then put it behind, waits 2^2 batches before its next probe, as a measured
+near-tie earns: the next batch is another draw from the same spread), and
 a changed load or machine is noticed at the next probe. The slopes were tuned in the replay
 (bench/combo_replay.py, SmolLM2's traces, both cost models, 12 orders per cell, then checked
 over 50); the price: a prior that wrongly predicts a loss of 7% or more costs 64 batches before
@@ -119,7 +131,9 @@ class _Arms:
         self.since = {True: 0, False: 0}  # batches since the arm last ran
         self.runs = {True: 0, False: 0}  # batches the arm ran, all told
         self.lost = {True: None, False: None}  # doublings before its next probe (None: not yet measured)
-        self.first_lost = {}  # an arm not yet measured: the doublings its first probe waited
+        # The most doublings a probe of the arm has waited (a first probe: what the prediction
+        # earned); a lost probe's successor waits longer, a rerun in between notwithstanding.
+        self.longest = {True: 0, False: 0}
         self.first_choice = None  # the arm the prior's prediction chose before any measurement (None: no prior)
 
     def mean(self, arm: bool) -> float | None:
@@ -219,7 +233,10 @@ class BatchVerdict:
         prior's predicted gain (speculation's tokens/s over plain decoding's; None: there is no
         prior, speculation runs first and the measurements alone decide)."""
         a = self._arms(key)
-        a.predicted = predicted_gain
+        if not (a.runs[True] or a.runs[False]):
+            # The prior as it stood before this key's first batch: it learns from the same verify
+            # outcomes the key's batches measure, so its later word would count them twice.
+            a.predicted = predicted_gain
         measured_ratio = self._judged_ratio(a, self._measured_ratio(a))
         r = predicted_gain if measured_ratio is None else measured_ratio
         if r is None:  # nothing to go on yet: speculate, which measures both arms' rates
@@ -236,7 +253,7 @@ class BatchVerdict:
                 lost = min(_backoff(r, PREDICTED_SLOPE), PREDICTED_MAX)
             else:
                 lost = _backoff(r) + (self.ESTIMATE_DOUBLINGS if estimated else 0)
-            a.first_lost[other] = lost
+            a.longest[other] = max(a.longest[other], lost)
         measured = bool(a.rates[True] or a.rates[False])
         probe = measured and a.since[other] >= 2**lost
         arm = other if probe else best
@@ -268,12 +285,12 @@ class BatchVerdict:
             if outvoted:
                 a.lost[arm] = 0  # its batches win, the prior still outweighs them: run it again
             elif behind:
-                # Lost its probe: the next waits longer than this one did (a first probe waited
-                # what the prediction earned), never less.
-                waited = a.first_lost.get(arm, 0) if first else a.lost[arm]
-                a.lost[arm] = waited + _backoff(r)
+                # Lost its probe: the next waits longer than any probe of the arm did (a first
+                # probe waited what the prediction earned; a rerun the prior outvoted waited none).
+                a.lost[arm] = max(a.lost[arm] or 0, a.longest[arm]) + _backoff(r)
+                a.longest[arm] = a.lost[arm]
             else:
-                a.lost[arm] = 0  # won its probe: probed again soon if it falls behind
+                a.lost[arm] = _backoff(1.0)  # won its probe: probed again soon if it falls behind
         elif first:
             # Measured for the first time as the favoured arm: if that already puts it behind the
             # other (say against the plain rate estimated on it), its probe waits by how far.
