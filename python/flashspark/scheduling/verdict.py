@@ -124,7 +124,7 @@ def _backoff(ratio: float, slope: float = MEASURED_SLOPE) -> int:
 
 class _Arms:
     def __init__(self, window: int):
-        self.predicted = None  # the prior's latest predicted ratio (speculation over plain)
+        self.predicted = None  # the prior's predicted ratio (speculation over plain) before the first batch
         self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent batches
         # Each batch's tokens/s over the plain rate estimated on it (None: no estimate).
         self.paired = {True: deque(maxlen=window), False: deque(maxlen=window)}
@@ -290,7 +290,7 @@ class BatchVerdict:
                 a.lost[arm] = max(a.lost[arm] or 0, a.longest[arm]) + _backoff(r)
                 a.longest[arm] = a.lost[arm]
             else:
-                a.lost[arm] = _backoff(1.0)  # won its probe: probed again soon if it falls behind
+                a.lost[arm] = _backoff(1.0)  # won its probe: probed 2^2 batches after it falls behind
         elif first:
             # Measured for the first time as the favoured arm: if that already puts it behind the
             # other (say against the plain rate estimated on it), its probe waits by how far.
