@@ -238,8 +238,8 @@ def test_the_prior_counts_as_it_stood_before_the_first_batch():
     1.04x. The prior learns from that batch's verify outcomes and next predicts 0.92x: pooled
     with the measurement, that word would count the bad batch twice (plain for the next four
     batches; on the H200 projection at concurrency 4, T = 0, it put the worst of a draw of 50
-    orders at 0.956x the best fixed K). Pooled with the prediction made before the batch, speculation
-    keeps the benefit of the doubt and runs on."""
+    orders at 0.956x the best fixed K). Pooled with the prediction made before the batch,
+    speculation keeps the benefit of the doubt and runs on."""
     v = BatchVerdict()
     arms = []
     for i in range(6):
@@ -254,8 +254,8 @@ def test_a_rerun_does_not_reset_the_probes_wait():
     batches. The probe draws 1.04x, ahead on its own but not against the prior, so it runs again
     after one batch (outvoted), and that rerun loses (0.82x). The next probe waits longer than
     the first did (2^(3 + 2)); counted from the rerun's wait of none, it came four batches later
-    and drew another 0.82x (0.975x plain in the worst of a
-    draw of 50 orders on the H200 projection)."""
+    and drew another 0.82x (0.975x plain in the worst of a draw of 50 orders on the H200
+    projection)."""
     v = BatchVerdict()
     spec = iter([10.4] + [8.2] * 10)
     arms = []
@@ -269,8 +269,9 @@ def test_a_rerun_does_not_reset_the_probes_wait():
 def test_a_won_probe_that_falls_behind_waits_before_the_next():
     """Predicted 0.987x at batch 8: speculation's probe draws 1.14x and takes over, then its
     batches draw 1.01x and 0.82x and it falls behind. Its next probe comes after 2^2 batches,
-    not the next one (which drew the same 0.82x spread again, 0.980x plain in the worst of a draw
-    of 50 orders on the H200 projection), and having lost, after longer than the first probe waited."""
+    not the next one (which drew the same 0.82x spread again, 0.980x plain in the worst of a
+    draw of 50 orders on the H200 projection), and having lost, after longer than the first
+    probe waited."""
     v = BatchVerdict()
     spec = iter([11.4, 10.1, 8.2] + [9.0] * 10)
     arms = []
