@@ -84,8 +84,9 @@ def cost_model(name: str, target: str, path: str | None = None) -> tuple[costs.H
 
 
 def step_rest(rest: dict | None, drafter: str, temperature: float) -> tuple[tuple, tuple]:
-    """(speculative, plain) rests of a step as (batch, seconds) pairs for `drafter`'s steps at
-    the measured temperature nearest `temperature` (`StepCosts`; none without a measurement)."""
+    """(speculative, plain) rests of a step for `drafter`'s steps at the measured temperature
+    nearest `temperature`: (batch, seconds) pairs, or rows of a grid over contexts and widths
+    (`replay._rest`; none without a measurement)."""
     if not rest:
         return (), ()
     if drafter not in rest["speculative"]:
@@ -204,7 +205,9 @@ def step_costs(
         drafter = costs.drafter_forward(DecoderConfig.from_dict(trace.meta["drafter_config"]), block, drafts, None, b)
     context = int(np.median(trace.ctx_len))
     speculative, plain = step_rest(rest, trace.meta["drafter"], float(trace.meta["temperature"]))
-    return StepCosts(target, drafter, hardware, block, context, speculative, plain)
+    # Rests measured over contexts price this loop, which pads a batch to its longest request.
+    prefill, padded = tuple(map(tuple, (rest or {}).get("prefill", ()))), bool((rest or {}).get("padded"))
+    return StepCosts(target, drafter, hardware, block, context, speculative, plain, prefill, padded)
 
 
 def run(args) -> dict:

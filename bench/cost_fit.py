@@ -10,7 +10,7 @@ Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every 
 with its relative error, the fit's RMS and worst error, and `step_rest`: the rest of each kind
 of loop step beyond its modelled forwards (a speculative step of each drafter, a plain decoding
 step), measured in the loops' own code per temperature and batch size at the traces' context
-(`step_rests`). The replay adds it to every step it prices (bench/combo_replay.py --cost-model
+(`step_rests`; `replay_check.py --measure` measures them over contexts and widths too). The replay adds it to every step it prices (bench/combo_replay.py --cost-model
 cpu). Run it on an otherwise idle machine.
 """
 
@@ -28,7 +28,12 @@ import targets
 import timing
 import torch
 from flashspark.decoding.loop import prefill
-from flashspark.methods import load_method_drafter, measured_plain_step_seconds, measured_step_seconds
+from flashspark.methods import (
+    load_method_drafter,
+    measured_plain_step_seconds,
+    measured_prefill_seconds,
+    measured_step_seconds,
+)
 from flashspark.scheduling import costs
 from flashspark.scheduling.replay import Trace
 
@@ -59,74 +64,125 @@ def trace_context(name: str) -> int | None:
 
 
 def step_rests(
-    target, shape, hw, elem: float, drafters: dict, temperatures, batches, context: int, repeats: int
+    target,
+    shape,
+    hw,
+    elem: float,
+    drafters: dict,
+    temperatures,
+    batches,
+    contexts,
+    repeats: int,
+    drafts=(None,),
+    prefill_len: int | None = None,
+    steps: int = 6,
 ) -> tuple[dict, list[dict]]:
     """The rest of each kind of loop step beyond its modelled forwards, measured in the loops'
-    own code at `context` committed tokens: a speculative step of each of `drafters` (name ->
-    drafter; drafting and verifying every draft) minus the modelled drafter pass and verify
-    forward, and a plain decoding step minus the modelled one-token forward; per temperature
-    (sampling costs a step more) and batch size, from `repeats` short runs of each. A rest
-    is negative where the fit overprices the step's forwards (a one-token forward on this CPU,
-    cheaper than the fit's shape puts it): added to the modelled forwards it gives the measured
-    step back.
+    own code: a speculative step of each of `drafters` (name -> drafter; drafting and verifying
+    K drafts per request, each K of `drafts`, None: its drafts per block) minus the modelled
+    drafter pass and verify forward, and a plain decoding step minus the modelled one-token
+    forward; per temperature (sampling costs a step more), batch size and context (committed
+    tokens, each of `contexts`); a speculative run decodes `steps` x (K + 1) tokens (random
+    prompts: about as many loop steps, their drafts rarely accepted). A rest is negative where the fit overprices the step's
+    forwards (a one-token forward on this CPU, cheaper than the fit's shape puts it): added to
+    the modelled forwards it gives the measured step back. The replay interpolates the rests
+    between the measured batches, widths and contexts (`replay._rest`), and prices a step at
+    its batch's longest context (`"padded"`), as this loop attends.
 
-    The kinds of one batch size are timed one after the other, `repeats` times over in rotated
-    orders, and a speculative step is priced as the median of its ratios to the plain step
-    timed in the same pass, times the plain step's median: what the replay compares is a
+    The kinds of one batch size and context are timed one after the other, `repeats` times over
+    in rotated orders, and a speculative step is priced as the median of its ratios to the plain
+    step timed in the same pass, times the plain step's median: what the replay compares is a
     speculative step's price against a plain one's, and a shared machine's speed drifts by tens
     of percent within a minute, so the two must come from the same minutes (timed in blocks,
     one kind after another, their ratio would read the drift between the blocks; medians of
-    each kind alone, a slow spell that hit one kind's runs but not the other's). `repeats`
-    runs of each kind per temperature and batch size; `runs_s` keeps every run (kind ->
-    temperature -> batch -> seconds, in the order timed)."""
+    each kind alone, a slow spell that hit one kind's runs but not the other's). `runs_s` keeps
+    every run (kind -> temperature -> batch -> context -> seconds, in the order timed).
+
+    With `prefill_len`, the prefill of each batch size's prompts of that many tokens too, timed
+    in the same passes: `prefill` holds (batch, measured / modelled) pairs (the fit's forwards
+    are a few tokens per request wide; a prefill is hundreds, where this CPU runs slower than
+    the fit's peak)."""
     rest = {
-        "context": context,
+        "contexts": list(contexts),
         "repeats": repeats,
+        "steps": steps,
         "interleaved": True,
         "paired": True,
+        "padded": True,
         "speculative": {},
         "plain": {},
         "runs_s": {},
     }
     checks = []
-    kinds = ["plain", *drafters]
+    spec = {(d, k): (d if k is None else f"{d}:k={k}") for d in drafters for k in drafts}
+    kinds = ["plain", *spec] + (["prefill"] if prefill_len else [])
+    prefill_runs: dict[int, list[float]] = {b: [] for b in batches}
     for t in temperatures:
         key = f"{t:g}"
-        runs = {(kind, b): [] for kind in kinds for b in batches}
+        runs = {(kind, b, c): [] for kind in kinds for b in batches for c in contexts}
         for i in range(repeats):
             for b in batches:
-                for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
-                    if kind == "plain":
-                        step = measured_plain_step_seconds(target, b, context, temperature=t)
-                    else:
-                        step = measured_step_seconds(target, drafters[kind], b, context_len=context, temperature=t)
-                    runs[(kind, b)].append(step)
-                    print(f"T {t:g} run {i + 1}/{repeats} batch {b}: {kind} step {1e3 * step:.2f} ms", flush=True)
-        for (kind, b), seconds in runs.items():
-            rest["runs_s"].setdefault(kind, {}).setdefault(key, {})[str(b)] = seconds
+                for c in contexts:
+                    for kind in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
+                        if kind == "prefill":
+                            if c != contexts[0] or t != temperatures[0]:
+                                continue
+                            step = measured_prefill_seconds(target, b, prefill_len)
+                            prefill_runs[b].append(step)
+                        elif kind == "plain":
+                            step = measured_plain_step_seconds(target, b, c, temperature=t)
+                        else:
+                            d, k = kind
+                            step = measured_step_seconds(
+                                target, drafters[d], b, context_len=c, steps=steps, temperature=t, k=k
+                            )
+                        runs[(kind, b, c)].append(step)
+                        label = kind if isinstance(kind, str) else spec[kind]
+                        print(f"T {t:g} run {i + 1}/{repeats} batch {b} context {c}: {label} {1e3 * step:.2f} ms",
+                              flush=True)  # fmt: skip
+        for (kind, b, c), seconds in runs.items():
+            if seconds and kind != "prefill":
+                label = kind if isinstance(kind, str) else spec[kind]
+                rest["runs_s"].setdefault(label, {}).setdefault(key, {}).setdefault(str(b), {})[str(c)] = seconds
         rest["plain"][key] = []
         for b in batches:
-            step = statistics.median(runs[("plain", b)])
-            model = float(costs.forward_time(shape, hw, b, 1, context))
-            rest["plain"][key].append([b, step - model])
-            checks.append({"kind": "plain", "temperature": t, "batch": b, "step_s": step, "forward_model_s": model})
-        for d, drafter in drafters.items():
+            for c in contexts:
+                step = statistics.median(runs[("plain", b, c)])
+                model = float(costs.forward_time(shape, hw, b, 1, c))
+                rest["plain"][key].append([b, c, step - model])
+                checks.append({"kind": "plain", "temperature": t, "batch": b, "context": c, "step_s": step,
+                               "forward_model_s": model})  # fmt: skip
+        for kind, label in spec.items():
+            d, drafter = kind[0], drafters[kind[0]]
+            k = drafter.num_drafts if kind[1] is None else min(kind[1], drafter.num_drafts)
             shape_d = costs.drafter_forward(
                 drafter.config.layer_config(), drafter.block_size, drafter.num_drafts, None, elem
             )
-            rest["speculative"].setdefault(d, {})[key] = []
+            rows = rest["speculative"].setdefault(d, {}).setdefault(key, [])
             for b in batches:
-                # Paired: the median of its runs' ratios to the plain step of the same pass, times
-                # the plain step's median (a slow spell over one pass moves both of its runs).
-                plain = statistics.median(runs[("plain", b)])
-                step = plain * statistics.median(s / q for s, q in zip(runs[(d, b)], runs[("plain", b)]))
-                draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, context))
-                verify = float(costs.forward_time(shape, hw, b, drafter.num_drafts + 1, context))
-                rest["speculative"][d][key].append([b, step - draft - verify])
-                checks.append({"kind": d, "temperature": t, "batch": b, "step_s": step, "draft_model_s": draft,
-                               "verify_model_s": verify})  # fmt: skip
-                print(f"T {t:g} batch {b}: {d} step {1e3 * step:.2f} ms (paired), model draft {1e3 * draft:.2f} "
-                      f"+ verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
+                for c in contexts:
+                    # Paired: the median of its runs' ratios to the plain step of the same pass, times
+                    # the plain step's median (a slow spell over one pass moves both of its runs).
+                    plain = runs[("plain", b, c)]
+                    step = statistics.median(plain) * statistics.median(
+                        s / q for s, q in zip(runs[(kind, b, c)], plain)
+                    )
+                    draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, c))
+                    verify = float(costs.forward_time(shape, hw, b, k + 1, c))
+                    rows.append([b, c, k + 1, step - draft - verify])
+                    checks.append({"kind": label, "temperature": t, "batch": b, "context": c, "width": k + 1,
+                                   "step_s": step, "draft_model_s": draft, "verify_model_s": verify})  # fmt: skip
+                    print(f"T {t:g} batch {b} context {c}: {label} step {1e3 * step:.2f} ms (paired), model draft "
+                          f"{1e3 * draft:.2f} + verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
+    if prefill_len:
+        rest["prefill_len"] = prefill_len
+        rest["prefill"] = []
+        for b in batches:
+            model = float(costs.forward_time(shape, hw, b, prefill_len, 0))
+            rest["prefill"].append([b, statistics.median(prefill_runs[b]) / model])
+            checks.append({"kind": "prefill", "batch": b, "tokens": prefill_len,
+                           "prefill_s": statistics.median(prefill_runs[b]), "forward_model_s": model})  # fmt: skip
+        rest["runs_s"]["prefill"] = {str(b): v for b, v in prefill_runs.items()}
     return rest, checks
 
 
@@ -192,7 +248,7 @@ def main(argv=None) -> int:
         {d: load_method_drafter(d, target) for d in args.step_drafters},
         args.temperatures,
         args.batches,
-        args.step_context or trace_context(name) or args.contexts[-1],
+        [args.step_context or trace_context(name) or args.contexts[-1]],
         args.step_repeats,
     )
     result = {

@@ -249,7 +249,6 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
     shape = costs.ForwardShape.of_decoder(target.config, elem, elem)
     methods = e2e_bench.make_methods(e2e_args, target)
     drafters = {parse_method(m).drafter: methods[m].drafter for m in args.methods if m != "ar"}  # loaded once
-    context = args.step_context or cost_fit.trace_context(args.target)
     # Per temperature: the traces' own requests of the task (the first --prompts), decoded as recorded.
     runs = {}
     for t in args.temperatures:
@@ -260,13 +259,19 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
             **vars(e2e_args) | {"temperature": t, "max_new_tokens": trace.meta["max_new_tokens"]}
         )
         runs[t] = (run_args, [prompts[i] for i in of_task[: args.prompts]])
+    # The rests span the contexts the batches attend over (a batch pads to its longest request),
+    # from the shortest prompt to the longest one decoded to the end; the prefill's, at the
+    # median prompt.
+    lens = sorted(len(p) for _, prompts in runs.values() for p in prompts)
+    contexts = args.step_contexts or [lens[0], lens[-1] + max(a.max_new_tokens for a, _ in runs.values())]
     out: dict[float, list[tuple[dict, dict]]] = {t: [] for t in args.temperatures}
     for r in range(args.rounds):
         for t, (run_args, prompts) in runs.items():
             print(f"round {r + 1}/{args.rounds}, T = {t:g}", flush=True)
             rest, _ = cost_fit.step_rests(
-                target, shape, hardware, elem, drafters, [t], args.concurrency, context, repeats=args.rest_repeats
-            )
+                target, shape, hardware, elem, drafters, [t], args.concurrency, contexts, args.rest_repeats,
+                drafts=(*args.rest_drafts, None), prefill_len=lens[len(lens) // 2], steps=args.rest_steps,
+            )  # fmt: skip
             out[t].append((e2e_bench.run(run_args, bench_target, methods, prompts), rest))
     return out
 
@@ -297,7 +302,26 @@ def main(argv=None) -> int:
     g.add_argument("--prompts", type=int, default=8, help="the first this many of the traces' requests of --task")
     g.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
     g.add_argument("--methods", nargs="+", default=METHODS)
-    g.add_argument("--step-context", type=int, default=None, help="default: the median of the traces' contexts")
+    g.add_argument(
+        "--step-contexts",
+        type=int,
+        nargs="+",
+        default=None,
+        help="contexts the step rests are measured at (default: the shortest prompt, the longest one decoded to the end)",
+    )
+    g.add_argument(
+        "--rest-steps",
+        type=int,
+        default=2,
+        help="a speculative rest's run decodes this many x (K + 1) tokens (default %(default)s)",
+    )
+    g.add_argument(
+        "--rest-drafts",
+        type=int,
+        nargs="*",
+        default=[3],
+        help="K values each drafter's step rest is measured at besides its full width (default %(default)s)",
+    )
     g.add_argument("--dtype", default=None, help="the target's dtype (as e2e_bench; --target other than tiny)")
     g.add_argument("--threads", type=int, default=2)
     g.add_argument(

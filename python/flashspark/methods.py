@@ -241,19 +241,28 @@ def measured_step_seconds(
     steps: int = 6,
     tree: int = 0,
     temperature: float = 0.0,
+    k: int | None = None,
 ) -> float:
     """Wall seconds of one whole loop step (draft, verify forward of K + 1 tokens per request,
     verify, commit, injection) for `batch_size` requests, from a short run (greedy, or sampled
-    at `temperature`: sampling costs a step more) with fixed K = the drafter's drafts per block
-    (a tree: all its nodes) on random prompts. Measured inside the loop on purpose:
-    there the drafter and the target take turns and evict each other's weights from the
+    at `temperature`: sampling costs a step more) with fixed K = `k` (default: the drafter's
+    drafts per block; a tree: all its nodes) on random prompts. Measured inside the loop on
+    purpose: there the drafter and the target take turns and evict each other's weights from the
     caches, so the target's forward costs more than when it runs alone (as `profile_sps` times it)."""
-    k = drafter.num_drafts
+    scheduler = None if k is None or tree else FixedK(min(k, drafter.num_drafts))
+    k = drafter.num_drafts if scheduler is None else scheduler.max_spec_len
     prompts = _random_prompts(target, batch_size, context_len)
 
     def run(new_tokens):
         return speculative_generate(
-            target, drafter, prompts, max_new_tokens=new_tokens, temperature=temperature, path=path, tree=tree
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=new_tokens,
+            temperature=temperature,
+            scheduler=scheduler,
+            path=path,
+            tree=tree,
         )
 
     run(2)  # warm-up
@@ -272,6 +281,15 @@ def measured_plain_step_seconds(
     generate(target, prompts, max_new_tokens=2, temperature=temperature)  # warm-up
     _, st = generate(target, prompts, max_new_tokens=steps, temperature=temperature)
     return st["decode_seconds"] / max(1, st["forwards"])
+
+
+def measured_prefill_seconds(target, batch_size: int, prompt_len: int) -> float:
+    """Wall seconds of plain decoding's prefill of `batch_size` random prompts of `prompt_len`
+    tokens (its forward and its first token), after a warm-up."""
+    prompts = _random_prompts(target, batch_size, prompt_len)
+    generate(target, prompts, max_new_tokens=1)  # warm-up
+    _, st = generate(target, prompts, max_new_tokens=1)
+    return st["prefill_seconds"]
 
 
 def _plain_decode(target, prompts, max_new_tokens, temperature, seed, eos_id):

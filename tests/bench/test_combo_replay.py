@@ -64,10 +64,10 @@ def test_cost_fit_then_replay_on_it(tmp_path):
     assert result["hardware"]["bandwidth_gbs"] > 0
     # the rest of every kind of step (a plain one, each drafter's), per temperature and batch size
     rest = result["step_rest"]
-    assert rest["context"] == 16 and set(rest["plain"]) == {"0", "1"}
+    assert rest["contexts"] == [16] and set(rest["plain"]) == {"0", "1"}
     assert set(rest["speculative"]) == {"dflash", "dflash2", "dspark"}
     for by_t in [rest["plain"], *rest["speculative"].values()]:
-        assert all([b for b, _ in pairs] == [1, 2] for pairs in by_t.values())
+        assert all([row[:2] for row in rows] == [[1, 16], [2, 16]] for rows in by_t.values())
     assert len(result["checks"]) == 2 * 2 * 4  # temperatures x batches x (plain + 3 drafters)
     # the replay's steps at the measured points are the measured steps
     tr = combo_replay.Trace.load(combo_replay.TRACES / "tiny_dflash_t1.npz")
@@ -111,8 +111,14 @@ def test_cost_fit_then_replay_on_it(tmp_path):
     # --measure: a round of step rests and one e2e_bench repeat, priced and checked together
     argv = ["--measure", "--rounds", "1", "--temperatures", "1", "--concurrency", "2", "--prompts", "2"]
     argv += ["--methods", "ar", "dflash:k=3", "--threads", "1", "--cost-file", str(fit), "--out", str(check)]
-    assert replay_check.main(argv) == 0
+    assert replay_check.main(argv + ["--rest-repeats", "1"]) == 0
     result = json.loads(check.read_text())
+    # the rests over the decoded prompts' contexts, at K = 3 and the full width, and the prefill
+    rest = result["rounds"][0]["step_rest"]
+    assert rest["padded"] and len(rest["contexts"]) == 2 and [b for b, _ in rest["prefill"]] == [2]
+    assert {tuple(row[1:3]) for row in rest["speculative"]["dflash"]["1"]} == {
+        (c, w) for c in rest["contexts"] for w in (4, 8)
+    }
     assert [(r["method"], r["concurrency"], r["repeats"]) for r in result["rows"]] == [
         ("ar", 2, 1),
         ("dflash:k=3", 2, 1),
@@ -223,7 +229,7 @@ def test_step_rests_interleave_kinds_and_take_medians(monkeypatch):
             self.config = type("C", (), {"layer_config": lambda self: None})()
 
     drafters = {"a": Drafter("a"), "b": Drafter("b")}
-    rest, checks = cost_fit.step_rests(None, None, None, 4.0, drafters, [0.0], [1, 2], 16, repeats=3)
+    rest, checks = cost_fit.step_rests(None, None, None, 4.0, drafters, [0.0], [1, 2], [16], repeats=3)
     # run 1: plain, a, b at each batch; run 2 starts at a; run 3 at b
     assert calls[:6] == [("plain", 1), ("a", 1), ("b", 1), ("plain", 2), ("a", 2), ("b", 2)]
     assert calls[6:9] == [("a", 1), ("b", 1), ("plain", 1)]
@@ -231,15 +237,15 @@ def test_step_rests_interleave_kinds_and_take_medians(monkeypatch):
     runs = {}
     for call, t in zip(calls, [5, 1, 2, 3, 9, 4, 6, 7, 8] * 2):
         runs.setdefault(call, []).append(t)
-    assert rest["plain"]["0"] == [[b, float(np.median(runs[("plain", b)]))] for b in (1, 2)]
+    assert rest["plain"]["0"] == [[b, 16, float(np.median(runs[("plain", b)]))] for b in (1, 2)]
     # a speculative step: its median ratio to the plain step of the same pass, times the plain
     # step (the medians of each kind alone would price b at batch 1 at 3, not 2 x 5 / 3)
     paired = [np.median(runs[("plain", b)]) * np.median(np.divide(runs[("b", b)], runs[("plain", b)])) for b in (1, 2)]
-    assert [b for b, _ in rest["speculative"]["b"]["0"]] == [1, 2]
-    assert [x for _, x in rest["speculative"]["b"]["0"]] == pytest.approx(paired)
-    assert rest["speculative"]["b"]["0"][0][1] != pytest.approx(np.median(runs[("b", 1)]))
-    assert rest["runs_s"]["plain"]["0"]["2"] == runs[("plain", 2)]
-    assert rest["runs_s"]["a"]["0"]["1"] == runs[("a", 1)] and rest["interleaved"]
+    assert [row[:3] for row in rest["speculative"]["b"]["0"]] == [[1, 16, 4], [2, 16, 4]]  # batch, context, width
+    assert [row[3] for row in rest["speculative"]["b"]["0"]] == pytest.approx(paired)
+    assert rest["speculative"]["b"]["0"][0][3] != pytest.approx(np.median(runs[("b", 1)]))
+    assert rest["runs_s"]["plain"]["0"]["2"]["16"] == runs[("plain", 2)]
+    assert rest["runs_s"]["a"]["0"]["1"]["16"] == runs[("a", 1)] and rest["interleaved"]
     assert [c["step_s"] for c in checks if c["kind"] == "plain"] == [np.median(runs[("plain", b)]) for b in (1, 2)]
 
 

@@ -578,3 +578,44 @@ def test_step_tables_price_the_measured_steps(monkeypatch):
     # Overhead 0.120 - 0.100 = 0.020 on the padded profile (0.070 at 2 and 3 tokens per request).
     assert (1 / spec_sps.sps).tolist() == pytest.approx([0.070, 0.090, 0.090, 0.100, 0.105, 0.120])
     assert 1 / float(plain_sps.rate(2)) == pytest.approx(0.041)
+
+
+def test_a_measured_step_verifies_the_k_it_is_given(monkeypatch):
+    """`measured_step_seconds(k=K)` times steps that verify K drafts per request (the rests the
+    replay reads at each width), the drafter's drafts per block without it; `steps` x (K + 1)
+    tokens are decoded after a warm-up, and a step is the decode time per loop iteration."""
+    from flashspark import methods  # noqa: PLC0415
+
+    calls = []
+
+    def fake(target, drafter, prompts, max_new_tokens, scheduler=None, **kw):
+        calls.append((max_new_tokens, None if scheduler is None else scheduler.max_spec_len))
+        return [], {"decode_seconds": 2.0, "iterations": 8}
+
+    monkeypatch.setattr(methods, "speculative_generate", fake)
+    target = tiny_target(seed=5)
+    drafter = tiny_dspark(target)  # γ = 5: 5 drafts per block here
+    assert methods.measured_step_seconds(target, drafter, 2, steps=2, k=3) == pytest.approx(0.25)
+    assert calls == [(2, 3), (8, 3)]
+    calls.clear()
+    methods.measured_step_seconds(target, drafter, 2, steps=2)
+    assert calls == [(2, None), (2 * (drafter.num_drafts + 1), None)]
+    calls.clear()
+    methods.measured_step_seconds(target, drafter, 2, steps=1, k=99)  # capped at the block's drafts
+    assert calls[-1] == (drafter.num_drafts + 1, drafter.num_drafts)
+
+
+def test_a_measured_prefill_is_plain_decodings_own(monkeypatch):
+    """`measured_prefill_seconds` reads `generate`'s prefill time of B prompts of L tokens,
+    after a warm-up."""
+    from flashspark import methods  # noqa: PLC0415
+
+    seen = []
+
+    def fake(target, prompts, max_new_tokens):
+        seen.append((len(prompts), {len(p) for p in prompts}, max_new_tokens))
+        return [], {"prefill_seconds": 0.5 * len(seen)}
+
+    monkeypatch.setattr(methods, "generate", fake)
+    assert methods.measured_prefill_seconds(tiny_target(seed=5), 3, 17) == 1.0
+    assert seen == [(3, {17}, 1)] * 2

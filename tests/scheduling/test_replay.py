@@ -8,6 +8,7 @@ replay as they must (fewer accepted drafts per step, one token per step); a trac
 loads unchanged; the confidence scheduler replays on a trace's sources.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -119,13 +120,23 @@ def test_confidence_scheduler_replays_on_a_source(recorded):
     assert got.tokens == int(trace.new_tokens.sum()) and 1.0 <= got.tau <= replay(trace, FixedPolicy(K), 2, costs).tau
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("k", [0, 2, 7])
-def test_fixed_k_in_closed_form_is_the_step_loop(recorded, k):
+def test_fixed_k_in_closed_form_is_the_step_loop(recorded, k, padded):
     """`replay` of a fixed K skips the step loop (a request's steps do not depend on the
     others'); every count and the seconds equal the loop's, for any batch size and order, a
-    stream that decodes requests again included (replay.stream)."""
+    stream that decodes requests again included (replay.stream), and with each step priced at
+    its batch's longest context (`padded`, under rests that depend on the context)."""
     trace = Trace.load(recorded / "tiny_dflash2_t0.npz")
     costs = costs_for(trace)
+    if padded:
+        rests = {"step_overhead": ((1, 10, 8, 0.01), (1, 200, 8, 0.03), (4, 10, 2, 0.0), (4, 200, 2, 0.05)),
+                 "plain_overhead": ((1, 10, 0.0), (8, 200, 0.02)), "padded": True}  # fmt: skip
+        costs = dataclasses.replace(costs, **rests)
+        assert (
+            replay(trace, FixedPolicy(k), 3, costs).seconds
+            != replay(trace, FixedPolicy(k), 3, dataclasses.replace(costs, padded=False)).seconds
+        )
     rng = np.random.default_rng(k)
     stream = replay_mod.stream(rng, trace.requests, 2 * trace.requests + 5)
     assert len(stream) == 2 * trace.requests + 5 and sorted(stream[: trace.requests]) == list(range(trace.requests))
@@ -135,3 +146,37 @@ def test_fixed_k_in_closed_form_is_the_step_loop(recorded, k):
         counts = ("tokens", "steps", "accepted", "iterations", "plain_steps", "verified")
         assert [getattr(fast, f) for f in counts] == [getattr(loop, f) for f in counts]
         assert fast.seconds == pytest.approx(loop.seconds, rel=1e-12)
+
+
+def test_rests_interpolate_over_batch_width_and_context():
+    """A measured rest is read linearly between the measured batch sizes, widths and contexts,
+    and flat past their ends; (batch, seconds) pairs are measured at one context and width."""
+    rest = replay_mod._rest
+    assert rest((), 3, 100) == 0.0
+    assert rest(((1, 1.0), (4, 4.0)), 2, 999, 5) == pytest.approx(2.0)
+    grid = ((1, 100, 4, 1.0), (3, 100, 4, 3.0), (1, 100, 8, 5.0), (3, 100, 8, 7.0),
+            (1, 300, 4, 11.0), (3, 300, 4, 13.0), (1, 300, 8, 15.0), (3, 300, 8, 17.0))  # fmt: skip
+    assert rest(grid, 2, 100, 4) == pytest.approx(2.0)
+    assert rest(grid, 2, 100, 6) == pytest.approx(4.0)  # halfway between widths 4 and 8
+    assert rest(grid, 2, 200, 6) == pytest.approx(9.0)  # and between the contexts
+    assert rest(grid, 2, 50, 2) == pytest.approx(2.0) and rest(grid, 9, 900, 12) == pytest.approx(17.0)  # flat
+    plain = ((1, 100, 1.0), (1, 300, 3.0))
+    assert rest(plain, 1, 200) == pytest.approx(2.0)
+
+
+def test_a_padded_batch_is_priced_at_its_longest_context(recorded):
+    """The loop pads a batch's K/V to its longest request, so a step of a padded `StepCosts`
+    costs what a step at the longest request's context does; unpadded, every step is priced at
+    the fixed context. The prefill scales by the measured ratio."""
+    trace = Trace.load(recorded / "tiny_dflash2_t0.npz")
+    base = costs_for(trace)
+    costs = dataclasses.replace(base, plain_overhead=((1, 0, 0.0), (1, 1000, 1.0)), padded=True)
+    assert costs.step_context(np.array([10, 400, 30])) == 400 and base.step_context(np.array([10, 400])) == 128
+    assert costs.plain(1, 500) - base.plain(1, 500) == pytest.approx(0.5)
+    one = np.array([0])
+    got = replay(trace, FixedPolicy(0), 1, costs, one).seconds - replay(trace, FixedPolicy(0), 1, base, one).seconds
+    p, n = int(trace.prompt_len[0]), int(trace.new_tokens[0])
+    assert got == pytest.approx(sum(p + i for i in range(1, n)) / 1000)  # step i at p + i committed tokens
+    scaled = dataclasses.replace(base, prefill_scale=((1, 2.0), (8, 4.0)))
+    assert scaled.prefill(1, 50) == pytest.approx(2 * base.prefill(1, 50))
+    assert scaled.prefill(8, 50) == pytest.approx(4 * base.prefill(8, 50))

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .base import ScheduleState
-from .costs import ForwardShape, Hardware, SPSTable, forward_time, model_sps
+from .costs import ForwardShape, Hardware, SPSTable, forward_time
 
 TRACE_FORMAT = 1
 # Per-row arrays of a trace (np.savez_compressed; floats stored as float16).
@@ -101,14 +101,48 @@ class Trace:
         return cls(meta, **ints, sources=sources, signals=signals)
 
 
+def _rest(rows: tuple, batch: int, context: int, width: int | None = None) -> float:
+    """A measured rest at (batch, context, width): `rows` are (batch, seconds) pairs, measured
+    at one context and width, or (batch, context, seconds) / (batch, context, width, seconds)
+    rows of a grid. Linear in the batch size, then the width, then the context, and flat past
+    the measured ends (a rest is a correction measured where the loop runs, not a law to
+    extrapolate)."""
+    if not rows:
+        return 0.0
+    if len(rows[0]) == 2:
+        b, sec = zip(*sorted(rows))
+        return float(np.interp(batch, b, sec))
+    cells: dict[tuple, list] = {}
+    for row in rows:
+        cells.setdefault(tuple(row[1:-1]), []).append((row[0], row[-1]))
+    at_context = {}
+    for key, pairs in cells.items():
+        b, sec = zip(*sorted(pairs))
+        at_context.setdefault(key[0], []).append((key[1:], float(np.interp(batch, b, sec))))
+    ctx = sorted(at_context)
+    values = []
+    for c in ctx:
+        cell = sorted(at_context[c])
+        if width is None or not cell[0][0]:
+            values.append(cell[-1][1])
+        else:
+            values.append(float(np.interp(width, [w[0] for w, _ in cell], [v for _, v in cell])))
+    return float(np.interp(context, ctx, values))
+
+
 @dataclass(frozen=True)
 class StepCosts:
-    """Seconds of a loop step's parts for a batch of B requests at `context` committed tokens:
-    the drafter's forward, the target's forward over T tokens per request, and the rest of each
-    kind of step beyond its modelled forwards (verify, commit, sampling, scheduling), measured
-    on the machine as (batch, seconds) pairs interpolated in B: `step_overhead` of a
-    speculative step, `plain_overhead` of a plain decoding step (none: 0; negative where the
-    forward model overprices the step's forwards)."""
+    """Seconds of a loop step's parts for a batch of B requests at a context of committed
+    tokens: the drafter's forward, the target's forward over T tokens per request, and the rest
+    of each kind of step beyond its modelled forwards (verify, commit, sampling, scheduling),
+    measured on the machine (`_rest`): `step_overhead` of a speculative step, `plain_overhead`
+    of a plain decoding step (none: 0; negative where the forward model overprices the step's
+    forwards), and `prefill_scale`, (batch, measured / modelled) pairs of the prefill (none: 1).
+
+    A step is priced at `context` committed tokens unless it is given its own: with `padded`,
+    the replay gives each step its batch's longest context, as the loop pads a batch's K/V to
+    its longest request (`models.decoder`: every row attends over the batch's longest), which
+    an engine's ragged attention does not."""
 
     target: ForwardShape
     drafter: ForwardShape
@@ -117,39 +151,48 @@ class StepCosts:
     context: int
     step_overhead: tuple = ()
     plain_overhead: tuple = ()
+    prefill_scale: tuple = ()
+    padded: bool = False
 
-    @staticmethod
-    def _interp(pairs: tuple, batch: int) -> float:
-        if not pairs:
-            return 0.0
-        b, sec = zip(*sorted(pairs))
-        return float(np.interp(batch, b, sec))
+    def step_context(self, committed: np.ndarray) -> int:
+        """The context a step of a batch whose requests hold `committed` tokens is priced at."""
+        return int(committed.max()) if self.padded else self.context
 
-    def plain(self, batch: int) -> float:
-        forward = float(forward_time(self.target, self.hardware, batch, 1, self.context))
-        return forward + self._interp(self.plain_overhead, batch)
+    def plain(self, batch: int, context: int | None = None) -> float:
+        ctx = self.context if context is None else context
+        forward = float(forward_time(self.target, self.hardware, batch, 1, ctx))
+        return forward + _rest(self.plain_overhead, batch, ctx)
 
-    def _draft(self, batch: int) -> float:
-        return float(forward_time(self.drafter, self.hardware, batch, self.block_size, self.context))
+    def _draft(self, batch: int, context: int) -> float:
+        return float(forward_time(self.drafter, self.hardware, batch, self.block_size, context))
 
-    def speculative(self, batch: int, width: int) -> float:
+    def speculative(self, batch: int, width: int, context: int | None = None) -> float:
         """A step verifying `width` tokens per request (the anchor and width - 1 drafts)."""
-        verify = float(forward_time(self.target, self.hardware, batch, width, self.context))
-        return self._draft(batch) + verify + self._interp(self.step_overhead, batch)
+        ctx = self.context if context is None else context
+        verify = float(forward_time(self.target, self.hardware, batch, width, ctx))
+        return self._draft(batch, ctx) + verify + _rest(self.step_overhead, batch, ctx, width)
 
     def prefill(self, batch: int, prompt_len: int) -> float:
-        return float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
+        scale = _rest(self.prefill_scale, batch, 0) if self.prefill_scale else 1.0
+        return scale * float(forward_time(self.target, self.hardware, batch, prompt_len, 0))
+
+    def plain_run(self, prompt_len: np.ndarray, new_tokens: np.ndarray) -> float:
+        """Seconds of a batch's plain decoding steps after its prefill (each request's first
+        token came from it): what its plain run would have cost."""
+        steps = int(new_tokens.max()) - 1
+        if not self.padded:
+            return steps * self.plain(len(prompt_len))
+        return sum(
+            self.plain(len(prompt_len), self.step_context(prompt_len + np.minimum(i + 1, new_tokens)))
+            for i in range(steps)
+        )
 
     def sps(self, batch: int, widths) -> tuple[SPSTable, SPSTable]:
         """(speculative, plain) SPS tables for a scheduler, priced as these steps are: whole
         speculative steps verifying each of `widths` tokens per request, and a plain step."""
-        hw, ctx = self.hardware, self.context
-        tokens = [batch * w for w in widths]
-        spec = model_sps(
-            self.target, hw, batch, tokens, ctx, self._draft(batch) + self._interp(self.step_overhead, batch)
-        )
-        plain = model_sps(self.target, hw, batch, [batch], ctx, self._interp(self.plain_overhead, batch))
-        return spec, plain
+        widths = sorted(set(widths))
+        spec = SPSTable([batch * w for w in widths], [1.0 / self.speculative(batch, w) for w in widths])
+        return spec, SPSTable([batch], [1.0 / self.plain(batch)])
 
 
 class FixedPolicy:
@@ -277,14 +320,15 @@ def replay(
             rows = np.array(
                 [per_request[r][c % len(per_request[r])] if len(per_request[r]) else 0 for r, c in zip(batch, cursor)]
             )
+            context = costs.step_context(trace.prompt_len[batch] + trace.new_tokens[batch] - np.maximum(left, 0))
             if speculate and policy.wants_draft(active):
                 k = np.minimum(policy.plan(rows, active, trace), trace.width) * active
                 gained = outcome(k, trace.accepted[rows])
                 policy.observe(rows, gained, k, trace)
-                total.seconds += costs.speculative(B, int(k.max()) + 1)
+                total.seconds += costs.speculative(B, int(k.max()) + 1, context)
             else:
                 k = gained = np.zeros(B, dtype=np.int64)
-                total.seconds += costs.plain(B)
+                total.seconds += costs.plain(B, context)
                 total.plain_steps += 1
             total.steps += int(active.sum())
             total.accepted += int((gained * active).sum())
@@ -294,7 +338,7 @@ def replay(
             cursor += active
         end_batch = getattr(policy, "end_batch", None)
         if end_batch is not None:
-            plain_seconds = prefill + (int(trace.new_tokens[batch].max()) - 1) * costs.plain(B)
+            plain_seconds = prefill + costs.plain_run(trace.prompt_len[batch], trace.new_tokens[batch])
             end_batch(B, speculate, int(trace.new_tokens[batch].sum()), total.seconds - seconds_before, plain_seconds)
     return total
 
@@ -319,6 +363,7 @@ def _replay_fixed(
     left = trace.new_tokens - 1  # the prefill drew each request's first token
     steps = np.zeros(trace.requests, dtype=np.int64)
     accepted = np.zeros(trace.requests, dtype=np.int64)
+    emitted_by = [np.zeros(1, dtype=np.int64)] * trace.requests  # tokens emitted before each step
     for r, rows in enumerate(per_request):
         if left[r] <= 0 or not len(rows):
             continue
@@ -326,14 +371,24 @@ def _replay_fixed(
         emitted = np.cumsum(outcome(np.full(len(cycle), k), trace.accepted[cycle]) + 1)
         steps[r] = int(np.searchsorted(emitted, left[r])) + 1  # the first step that reaches it
         accepted[r] = int(emitted[steps[r] - 1]) - steps[r]
+        emitted_by[r] = np.minimum(np.concatenate([[0], emitted[: steps[r]]]), left[r])
     # Counted over the order, which may decode a request more than once (a stream of requests).
     n_steps = int(steps[order].sum())
     total = Replayed(0, 0.0, n_steps, int(accepted[order].sum()), 0, verified=k * n_steps)
     for start in range(0, len(order), concurrency):
         batch = order[start : start + concurrency]
         B, iterations = len(batch), int(steps[batch].max())
-        step = costs.speculative(B, k + 1) if k > 0 else costs.plain(B)
-        total.seconds += costs.prefill(B, int(trace.prompt_len[batch].max())) + iterations * step
+        if costs.padded:  # each step at the batch's longest context, as the step loop prices it
+            done = np.array(
+                [[e[min(i, len(e) - 1)] for i in range(iterations)] for e in (emitted_by[r] for r in batch)]
+            )
+            committed = (trace.prompt_len[batch] + 1)[:, None] + done
+            contexts = [costs.step_context(committed[:, i]) for i in range(iterations)]
+        else:
+            contexts = [costs.context]
+        seconds = [costs.speculative(B, k + 1, c) if k > 0 else costs.plain(B, c) for c in contexts]
+        step_seconds = sum(seconds) if costs.padded else iterations * seconds[0]
+        total.seconds += costs.prefill(B, int(trace.prompt_len[batch].max())) + step_seconds
         total.tokens += int(trace.new_tokens[batch].sum())
         total.iterations += iterations
         total.plain_steps += 0 if k > 0 else iterations
