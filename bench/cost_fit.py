@@ -10,8 +10,9 @@ Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every 
 with its relative error, the fit's RMS and worst error, and `step_rest`: the rest of each kind
 of loop step beyond its modelled forwards (a speculative step of each drafter, a plain decoding
 step), measured in the loops' own code per temperature and batch size at the traces' context
-(`step_rests`; `replay_check.py --measure` measures them over contexts and widths too). The replay adds it to every step it prices (bench/combo_replay.py --cost-model
-cpu). Run it on an otherwise idle machine.
+(`step_rests`; `replay_check.py --measure` measures them over contexts and widths too). The
+replay adds it to every step it prices (bench/combo_replay.py --cost-model cpu). Run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ def step_rests(
     drafter pass and verify forward, and a plain decoding step minus the modelled one-token
     forward; per temperature (sampling costs a step more), batch size and context (committed
     tokens, each of `contexts`); a speculative run decodes `steps` x (K + 1) tokens (random
-    prompts: about as many loop steps, their drafts rarely accepted). A rest is negative where the fit overprices the step's
-    forwards (a one-token forward on this CPU, cheaper than the fit's shape puts it): added to
-    the modelled forwards it gives the measured step back. The replay interpolates the rests
-    between the measured batches, widths and contexts (`replay._rest`), and prices a step at
-    its batch's longest context (`"padded"`), as this loop attends.
+    prompts: about as many loop steps, their drafts rarely accepted). A rest is negative where
+    the fit overprices the step's forwards (a one-token forward on this CPU, cheaper than the
+    fit's shape puts it): added to the modelled forwards it gives the measured step back. The
+    replay interpolates the rests between the measured batches, widths and contexts
+    (`replay._rest`), and prices a step at its batch's longest context (`"padded"`), as this
+    loop attends.
 
     The kinds of one batch size and context are timed one after the other, `repeats` times over
     in rotated orders, and a speculative step is priced as the median of its ratios to the plain

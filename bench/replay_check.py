@@ -307,7 +307,7 @@ def main(argv=None) -> int:
         type=int,
         nargs="+",
         default=None,
-        help="contexts the step rests are measured at (default: the shortest prompt, the longest one decoded to the end)",
+        help="contexts the step rests are measured at (default: the shortest prompt, the longest decoded to the end)",
     )
     g.add_argument(
         "--rest-steps",
