@@ -117,11 +117,12 @@ def step_rests(
     }
     checks = []
     spec = {(d, k): (d if k is None else f"{d}:k={k}") for d in drafters for k in drafts}
+    label = {"plain": "plain", "prefill": "prefill", **spec}  # kind -> its name in the runs and logs
     kinds = ["plain", *spec] + (["prefill"] if prefill_len else [])
     prefill_runs: dict[int, list[float]] = {b: [] for b in batches}
     for t in temperatures:
         key = f"{t:g}"
-        runs = {(kind, b, c): [] for kind in kinds for b in batches for c in contexts}
+        runs = {(kind, b, c): [] for kind in kinds if kind != "prefill" for b in batches for c in contexts}
         for i in range(repeats):
             for b in batches:
                 for c in contexts:
@@ -130,7 +131,6 @@ def step_rests(
                             if c != contexts[0] or t != temperatures[0]:
                                 continue
                             step = measured_prefill_seconds(target, b, prefill_len)
-                            prefill_runs[b].append(step)
                         elif kind == "plain":
                             step = measured_plain_step_seconds(target, b, c, temperature=t)
                         else:
@@ -138,14 +138,11 @@ def step_rests(
                             step = measured_step_seconds(
                                 target, drafters[d], b, context_len=c, steps=steps, temperature=t, k=k
                             )
-                        runs[(kind, b, c)].append(step)
-                        label = kind if isinstance(kind, str) else spec[kind]
-                        print(f"T {t:g} run {i + 1}/{repeats} batch {b} context {c}: {label} {1e3 * step:.2f} ms",
-                              flush=True)  # fmt: skip
+                        (prefill_runs[b] if kind == "prefill" else runs[(kind, b, c)]).append(step)
+                        print(f"T {t:g} run {i + 1}/{repeats} batch {b} context {c}: {label[kind]} "
+                              f"{1e3 * step:.2f} ms", flush=True)  # fmt: skip
         for (kind, b, c), seconds in runs.items():
-            if seconds and kind != "prefill":
-                label = kind if isinstance(kind, str) else spec[kind]
-                rest["runs_s"].setdefault(label, {}).setdefault(key, {}).setdefault(str(b), {})[str(c)] = seconds
+            rest["runs_s"].setdefault(label[kind], {}).setdefault(key, {}).setdefault(str(b), {})[str(c)] = seconds
         rest["plain"][key] = []
         for b in batches:
             for c in contexts:
@@ -154,7 +151,7 @@ def step_rests(
                 rest["plain"][key].append([b, c, step - model])
                 checks.append({"kind": "plain", "temperature": t, "batch": b, "context": c, "step_s": step,
                                "forward_model_s": model})  # fmt: skip
-        for kind, label in spec.items():
+        for kind, name in spec.items():
             d, drafter = kind[0], drafters[kind[0]]
             k = drafter.num_drafts if kind[1] is None else min(kind[1], drafter.num_drafts)
             shape_d = costs.drafter_forward(
@@ -172,9 +169,9 @@ def step_rests(
                     draft = float(costs.forward_time(shape_d, hw, b, drafter.block_size, c))
                     verify = float(costs.forward_time(shape, hw, b, k + 1, c))
                     rows.append([b, c, k + 1, step - draft - verify])
-                    checks.append({"kind": label, "temperature": t, "batch": b, "context": c, "width": k + 1,
+                    checks.append({"kind": name, "temperature": t, "batch": b, "context": c, "width": k + 1,
                                    "step_s": step, "draft_model_s": draft, "verify_model_s": verify})  # fmt: skip
-                    print(f"T {t:g} batch {b} context {c}: {label} step {1e3 * step:.2f} ms (paired), model draft "
+                    print(f"T {t:g} batch {b} context {c}: {name} step {1e3 * step:.2f} ms (paired), model draft "
                           f"{1e3 * draft:.2f} + verify {1e3 * verify:.2f}", flush=True)  # fmt: skip
     if prefill_len:
         rest["prefill_len"] = prefill_len

@@ -320,7 +320,11 @@ def replay(
             rows = np.array(
                 [per_request[r][c % len(per_request[r])] if len(per_request[r]) else 0 for r, c in zip(batch, cursor)]
             )
-            context = costs.step_context(trace.prompt_len[batch] + trace.new_tokens[batch] - np.maximum(left, 0))
+            context = (  # None: the fixed context (only a padded batch's steps need their own)
+                costs.step_context(trace.prompt_len[batch] + trace.new_tokens[batch] - np.maximum(left, 0))
+                if costs.padded
+                else None
+            )
             if speculate and policy.wants_draft(active):
                 k = np.minimum(policy.plan(rows, active, trace), trace.width) * active
                 gained = outcome(k, trace.accepted[rows])
