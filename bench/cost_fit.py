@@ -8,10 +8,11 @@ overhead to both (`fit_hardware`), then measure whole loop steps against the fit
 
 Writes bench/results/cost_model_<target>_cpu.json: the fitted `Hardware`, every measurement
 with its relative error, the fit's RMS and worst error, and `step_rest`: the rest of each kind
-of loop step beyond its modelled forwards (a speculative step of each drafter, a plain decoding
-step), measured in the loops' own code per temperature and batch size at the traces' context
-(`step_rests`; `replay_check.py --measure` measures them over contexts and widths too). The
-replay adds it to every step it prices (bench/combo_replay.py --cost-model cpu). Run it on an
+of loop step beyond its modelled forwards (a speculative step of each drafter at each of
+`--step-drafts` and its full width, a plain decoding step), measured in the loops' own code per
+temperature, batch size and context (`step_rests`, over the committed traces' span of contexts),
+and the prefill's ratio to its modelled forward. The replay adds the rests to every step it
+prices, at its batch's longest context (bench/combo_replay.py --cost-model cpu). Run it on an
 otherwise idle machine.
 """
 
@@ -57,11 +58,16 @@ def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> fl
     return statistics.median(times)
 
 
-def trace_context(name: str) -> int | None:
-    """The median committed context of the target's committed traces (what the replay prices
-    every step at), if there are any."""
-    lens = [np.median(Trace.load(p).ctx_len) for p in sorted(TRACES.glob(f"{name}_*.npz"))]
-    return int(np.median(lens)) if lens else None
+def trace_spans(name: str) -> tuple[list[int], int] | None:
+    """What the target's committed traces decode, for the step rests, if there are any: the
+    contexts a batch's steps attend over (a batch pads to its longest request), from the shortest
+    prompt to the longest one decoded to the end, and the median prompt (the prefill's length)."""
+    traces = [Trace.load(p) for p in sorted(TRACES.glob(f"{name}_*.npz"))]
+    if not traces:
+        return None
+    prompts = np.concatenate([t.prompt_len for t in traces])
+    longest = max(int((t.prompt_len + t.new_tokens).max()) for t in traces)
+    return [int(prompts.min()), longest], int(np.median(prompts))
 
 
 def step_rests(
@@ -194,10 +200,25 @@ def main(argv=None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[64, 256])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
-        "--step-context",
+        "--step-contexts",
+        type=int,
+        nargs="+",
+        default=None,
+        help="contexts of the loop-step measurements (default: the target's committed traces, from the shortest "
+        "prompt to the longest decoded to the end)",
+    )
+    p.add_argument(
+        "--step-drafts",
+        type=int,
+        nargs="*",
+        default=[1, 3],
+        help="K values each drafter's step is measured at besides its full width (default %(default)s)",
+    )
+    p.add_argument(
+        "--prefill-len",
         type=int,
         default=None,
-        help="context of the loop-step measurements (default: the median of the target's committed traces)",
+        help="prompt tokens of the prefill measurement (default: the traces' median prompt; 0: none)",
     )
     p.add_argument("--step-drafters", nargs="+", default=["dflash", "dflash2", "dspark"])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -239,6 +260,7 @@ def main(argv=None) -> int:
     fit = costs.fit_hardware(shape, measured, label, others=[(shape_d, drafted)])
     hw = fit.hardware
     print(f"fit: {hw}; relative error RMS {fit.rms_error:.3f}, worst {fit.max_error:.3f}")
+    spans = trace_spans(name) or (args.contexts, args.contexts[-1])
     rest, checks = step_rests(
         target,
         shape,
@@ -247,8 +269,10 @@ def main(argv=None) -> int:
         {d: load_method_drafter(d, target) for d in args.step_drafters},
         args.temperatures,
         args.batches,
-        [args.step_context or trace_context(name) or args.contexts[-1]],
+        args.step_contexts or spans[0],
         args.step_repeats,
+        drafts=(*args.step_drafts, None),
+        prefill_len=spans[1] if args.prefill_len is None else args.prefill_len,
     )
     result = {
         **timing.result_header("cost_fit", "cost_fit.py", argv, "cpu", dtype),
@@ -264,7 +288,7 @@ def main(argv=None) -> int:
         ],
         "drafter": args.drafter,
         # What the replay adds to each modelled step (combo_replay.step_costs): per step kind,
-        # drafter and temperature, (batch, seconds) pairs it interpolates in the batch size.
+        # drafter and temperature, [batch, context, (width,) seconds] rows it interpolates in each.
         "step_rest": rest,
         "checks": checks,
     }

@@ -59,7 +59,11 @@ def policy_for(method: str, traces: dict, hardware, rest: dict, target: str, ele
     spec = None if method == "ar" else parse_method(method)
     if spec is not None and spec.drafter not in traces:
         raise ValueError(f"{method}: no {spec.drafter} trace")
-    tr = next(iter(traces.values())) if spec is None else traces[spec.drafter]
+    if spec is None:  # plain decoding reads no drafts: any trace of the prompts whose steps were measured
+        measured = [d for d in traces if rest and d in rest["speculative"]]
+        tr = traces[measured[0] if measured else next(iter(traces))]
+    else:
+        tr = traces[spec.drafter]
     sc = step_costs(tr, hardware, rest, bytes_per_value=elem)
     if spec is None:
         return tr, sc, FixedPolicy(0)
@@ -340,10 +344,17 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if bool(args.e2e) + args.measure + bool(args.rounds_from) != 1:
         p.error("give e2e_bench JSON files, --measure or --rounds-from (one of them)")
+    out = Path(args.out) if args.out else RESULTS / f"replay_check_{args.target}.json"
     try:
         hardware, rest, _, elem = cost_model("cpu", args.target, args.cost_file)
         if args.measure:
             groups = list(measure(args, hardware, elem).values())
+            # Kept before the check: an hour of measurement outlives a check that cannot read it.
+            timing.save_result(
+                {**timing.result_header("replay_check", "replay_check.py", argv, "cpu"), "checked": False}
+                | {"rounds": [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]},
+                out,
+            )
         elif args.rounds_from:
             source = json.loads(Path(args.rounds_from).read_text())
             by_t: dict[float, list[tuple[dict, dict]]] = {}
@@ -404,7 +415,6 @@ def main(argv=None) -> int:
         result["rounds_from"] = {"file": str(args.rounds_from)} | {
             k: source.get("rounds_from", {}).get(k, source.get(k)) for k in ("date", "command")
         }
-    out = Path(args.out) if args.out else RESULTS / f"replay_check_{args.target}.json"
     timing.save_result(result, out)
     return 0
 

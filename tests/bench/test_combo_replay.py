@@ -54,10 +54,10 @@ def test_each_method_is_judged_against_plain_decoding_of_its_own_trace(tmp_path)
     assert abs(plain["dspark"] / plain["dflash"] - 1) > 0.02  # the traces' plain rates do differ
 
 
-def test_cost_fit_then_replay_on_it(tmp_path):
+def test_cost_fit_then_replay_on_it(tmp_path, monkeypatch):
     fit = tmp_path / "fit.json"
     argv = ["--batches", "1", "2", "--widths", "1", "4", "--contexts", "16", "--repeats", "1", "--threads", "1"]
-    argv += ["--step-repeats", "1", "--step-context", "16"]
+    argv += ["--step-repeats", "1", "--step-contexts", "16", "--step-drafts", "--prefill-len", "0"]
     assert cost_fit.main(argv + ["--out", str(fit)]) == 0
     result = json.loads(fit.read_text())
     assert [m["model"] for m in result["measurements"]] == ["target"] * 4 + ["drafter"] * 2  # fitted together
@@ -69,6 +69,9 @@ def test_cost_fit_then_replay_on_it(tmp_path):
     for by_t in [rest["plain"], *rest["speculative"].values()]:
         assert all([row[:2] for row in rows] == [[1, 16], [2, 16]] for rows in by_t.values())
     assert len(result["checks"]) == 2 * 2 * 4  # temperatures x batches x (plain + 3 drafters)
+    # by default the rests span the committed traces' contexts, the prefill at their median prompt
+    (short, long), prompt = cost_fit.trace_spans("tiny")
+    assert short <= prompt < long
     # the replay's steps at the measured points are the measured steps
     tr = combo_replay.Trace.load(combo_replay.TRACES / "tiny_dflash_t1.npz")
     hw, rests, _, elem = combo_replay.cost_model("cpu", "tiny", str(fit))
@@ -110,20 +113,21 @@ def test_cost_fit_then_replay_on_it(tmp_path):
         assert rows["dflash:k=3"]["agrees"] is not flagged
     # --measure: a round of step rests and one e2e_bench repeat, priced and checked together
     argv = ["--measure", "--rounds", "1", "--temperatures", "1", "--concurrency", "2", "--prompts", "2"]
-    argv += ["--methods", "ar", "dflash:k=3", "--threads", "1", "--cost-file", str(fit), "--out", str(check)]
+    # (DSpark alone: plain decoding is replayed over a trace whose drafter's steps were measured)
+    argv += ["--methods", "ar", "dspark:k=3", "--threads", "1", "--cost-file", str(fit), "--out", str(check)]
     assert replay_check.main(argv + ["--rest-repeats", "1"]) == 0
     result = json.loads(check.read_text())
     # the rests over the decoded prompts' contexts, at K = 3 and the full width, and the prefill
     rest = result["rounds"][0]["step_rest"]
     assert rest["padded"] and len(rest["contexts"]) == 2 and [b for b, _ in rest["prefill"]] == [2]
-    assert {tuple(row[1:3]) for row in rest["speculative"]["dflash"]["1"]} == {
-        (c, w) for c in rest["contexts"] for w in (4, 8)
+    assert {tuple(row[1:3]) for row in rest["speculative"]["dspark"]["1"]} == {
+        (c, w) for c in rest["contexts"] for w in (4, 9)
     }
     assert [(r["method"], r["concurrency"], r["repeats"]) for r in result["rows"]] == [
         ("ar", 2, 1),
-        ("dflash:k=3", 2, 1),
+        ("dspark:k=3", 2, 1),
     ]
-    assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dflash"} and "e2e_files" not in result
+    assert set(result["rounds"][0]["step_rest"]["speculative"]) == {"dspark"} and "e2e_files" not in result
     # --rounds-from: the stored rounds checked again, nothing measured, the same rows; a round
     # repeated replays as the first did (each round's policies start untaught, as e2e_bench's
     # decoders do), and the measurement's date and command are kept.
@@ -140,6 +144,13 @@ def test_cost_fit_then_replay_on_it(tmp_path):
     e2e["max_new_tokens"] = 64  # other runs than the traces': refused
     path.write_text(json.dumps(e2e))
     assert replay_check.main([str(path), "--cost-file", str(fit), "--out", str(check)]) == 2
+    # a measurement outlives a check that cannot read it: its rounds are written first
+    stored = {1.0: [(r["e2e"], r["step_rest"]) for r in result["rounds"]]}
+    monkeypatch.setattr(replay_check, "measure", lambda *a: stored)
+    monkeypatch.setattr(replay_check, "check", lambda *a, **k: (_ for _ in ()).throw(ValueError("planted")))
+    assert replay_check.main(argv) == 2
+    kept = json.loads(check.read_text())
+    assert kept["checked"] is False and kept["rounds"] == result["rounds"]
 
 
 def test_replay_check_starts_each_round_untaught():
