@@ -58,16 +58,23 @@ def draft_seconds(target, drafter, batch: int, context: int, repeats: int) -> fl
     return statistics.median(times)
 
 
+def rest_spans(prompt_lens, decoded_ends) -> tuple[list[int], int]:
+    """The contexts and the prefill length the step rests are measured at, for requests of
+    these prompt lengths decoded to these ends: a batch's steps attend over its longest request
+    (the loop pads to it), so the contexts span the shortest prompt to the longest request
+    decoded to the end; the prefill is the median prompt's."""
+    lens = sorted(int(n) for n in prompt_lens)
+    return [lens[0], int(max(decoded_ends))], lens[len(lens) // 2]
+
+
 def trace_spans(name: str) -> tuple[list[int], int] | None:
-    """What the target's committed traces decode, for the step rests, if there are any: the
-    contexts a batch's steps attend over (a batch pads to its longest request), from the shortest
-    prompt to the longest one decoded to the end, and the median prompt (the prefill's length)."""
+    """`rest_spans` of the target's committed traces, if there are any."""
     traces = [Trace.load(p) for p in sorted(TRACES.glob(f"{name}_*.npz"))]
     if not traces:
         return None
-    prompts = np.concatenate([t.prompt_len for t in traces])
-    longest = max(int((t.prompt_len + t.new_tokens).max()) for t in traces)
-    return [int(prompts.min()), longest], int(np.median(prompts))
+    return rest_spans(
+        np.concatenate([t.prompt_len for t in traces]), np.concatenate([t.prompt_len + t.new_tokens for t in traces])
+    )
 
 
 def step_rests(

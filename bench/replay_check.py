@@ -263,21 +263,26 @@ def measure(args, hardware, elem: float) -> dict[float, list[tuple[dict, dict]]]
             **vars(e2e_args) | {"temperature": t, "max_new_tokens": trace.meta["max_new_tokens"]}
         )
         runs[t] = (run_args, [prompts[i] for i in of_task[: args.prompts]])
-    # The rests span the contexts the batches attend over (a batch pads to its longest request),
-    # from the shortest prompt to the longest one decoded to the end; the prefill's, at the
-    # median prompt.
-    lens = sorted(len(p) for _, prompts in runs.values() for p in prompts)
-    contexts = args.step_contexts or [lens[0], lens[-1] + max(a.max_new_tokens for a, _ in runs.values())]
+    spans, prefill_len = cost_fit.rest_spans(
+        [len(p) for _, prompts in runs.values() for p in prompts],
+        [len(p) + a.max_new_tokens for a, prompts in runs.values() for p in prompts],
+    )
+    contexts = args.step_contexts or spans
     out: dict[float, list[tuple[dict, dict]]] = {t: [] for t in args.temperatures}
     for r in range(args.rounds):
         for t, (run_args, prompts) in runs.items():
             print(f"round {r + 1}/{args.rounds}, T = {t:g}", flush=True)
             rest, _ = cost_fit.step_rests(
                 target, shape, hardware, elem, drafters, [t], args.concurrency, contexts, args.rest_repeats,
-                drafts=(*args.rest_drafts, None), prefill_len=lens[len(lens) // 2], steps=args.rest_steps,
+                drafts=(*args.rest_drafts, None), prefill_len=prefill_len, steps=args.rest_steps,
             )  # fmt: skip
             out[t].append((e2e_bench.run(run_args, bench_target, methods, prompts), rest))
     return out
+
+
+def stored_rounds(groups: list[list[tuple[dict, dict]]]) -> list[dict]:
+    """The rounds as a result stores them (what `--rounds-from` reads back)."""
+    return [{"e2e": e2e, "step_rest": rest} for rounds in groups for e2e, rest in rounds]
 
 
 def main(argv=None) -> int:
@@ -352,7 +357,7 @@ def main(argv=None) -> int:
             # Kept before the check: an hour of measurement outlives a check that cannot read it.
             timing.save_result(
                 {**timing.result_header("replay_check", "replay_check.py", argv, "cpu"), "checked": False}
-                | {"rounds": [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]},
+                | {"rounds": stored_rounds(groups)},
                 out,
             )
         elif args.rounds_from:
@@ -410,7 +415,7 @@ def main(argv=None) -> int:
     if args.e2e:
         result |= {"e2e_files": [str(x) for x in args.e2e], "step_rest": rest}
     else:
-        result["rounds"] = [{"e2e": e2e, "step_rest": r} for rounds in groups for e2e, r in rounds]
+        result["rounds"] = stored_rounds(groups)
     if args.rounds_from:  # where the measurement comes from: its file, date and command
         result["rounds_from"] = {"file": str(args.rounds_from)} | {
             k: source.get("rounds_from", {}).get(k, source.get(k)) for k in ("date", "command")
